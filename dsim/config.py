@@ -1,0 +1,179 @@
+"""The run configuration: YAML in, validated dataclasses out.
+
+Every section is a small dataclass; `load_config` rejects unknown keys and wrong types with one line
+naming the key (`config: unknown key 'parallel.data_paralel'`). Seeds and every random state derive
+from `seed`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be run."""
+
+
+@dataclass
+class ParallelConfig:
+    data_parallel: Optional[int] = None  # None: world size / model_parallel
+    model_parallel: int = 1
+    optimizer_shard: int = 1
+
+
+@dataclass
+class ModelConfig:
+    name: str = "network"          # network (last-gasp page) | uce_network (UCE page)
+    hidden: Optional[list[int]] = None  # override the hidden widths, e.g. [64, 128, 128, 64]
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "constant"         # constant | cosine | exponential
+    warmup_steps: int = 0
+    decay_steps: int = 1000
+    decay_rate: float = 0.9
+    min_lr: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "momentum"         # sgd | momentum | adam
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"        # synthetic (built in) | mnist (idx files, e.g. MNIST_Data/train)
+    path: Optional[str] = None
+    num_samples: int = 60000       # synthetic only
+    batch_size: int = 32           # the global batch, split over the data-parallel ranks
+    shuffle: bool = True
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    steps_per_epoch: Optional[int] = None  # cut epochs short (None: the whole dataset)
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs/default"      # metrics.jsonl and (later) checkpoints go here
+    progress_bar: bool = True
+    loss_every: int = 1            # LossMonitor prints every N steps
+
+
+@dataclass
+class Config:
+    seed: int = 1
+    dtype: str = "float32"         # float32 | float64
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _convert(value, hint, key):
+    """Check value against a type hint (int, float, str, bool, Optional[..], list[..], dataclass)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value is None else _convert(value, args[0], key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"config: {key} must be a list, got {value!r}")
+        (inner,) = typing.get_args(hint)
+        return [_convert(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return _from_dict(hint, value, key)
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[hint]
+    if not ok:
+        raise ConfigError(f"config: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+    return float(value) if hint is float else value
+
+
+def _from_dict(cls, data, prefix=""):
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {prefix or 'the file'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise ConfigError(f"config: unknown key '{where}' (known: {', '.join(sorted(names))})")
+    kwargs = {k: _convert(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        tree = tree.setdefault(k, {})
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config: cannot set {dotted}: {k} is not a section")
+    tree[keys[-1]] = value
+
+
+def load_config(path=None, overrides=()) -> Config:
+    """Read a YAML config (or the defaults when path is None) and apply `key.sub=value` overrides."""
+    data = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config: file not found: {path}")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping at the top level")
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"config: override {item!r} must look like key.sub=value")
+        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+    cfg = _from_dict(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Checks that need more than one field (the layout's fit to the world size is checked at launch)."""
+    if cfg.dtype not in ("float32", "float64"):
+        raise ConfigError(f"config: dtype must be float32 or float64, got {cfg.dtype!r}")
+    positive = {"train.epochs": cfg.train.epochs, "data.batch_size": cfg.data.batch_size,
+                "data.num_samples": cfg.data.num_samples, "output.loss_every": cfg.output.loss_every}
+    if cfg.train.steps_per_epoch is not None:
+        positive["train.steps_per_epoch"] = cfg.train.steps_per_epoch
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"config: {key} must be >= 1, got {value}")
+    if cfg.data.name == "mnist":
+        if not cfg.data.path:
+            raise ConfigError("config: data.path is required when data.name is mnist")
+        if not Path(cfg.data.path).is_dir():
+            raise ConfigError(f"config: data.path not found: {cfg.data.path}")

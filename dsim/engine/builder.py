@@ -1,0 +1,72 @@
+"""From a config and a communicator to a ready-to-train Model: config -> layout -> model/optimizer -> data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import Config, ConfigError
+from ..data import DistributedSampler, create_dataset
+from ..data.loader import DataLoader
+from ..nn import create_network
+from ..optim import LRSchedule, create_optimizer
+from ..parallel.groups import Groups
+from ..parallel.layout import ParallelLayout
+from .callbacks import LossMonitor, MetricsLog, ProgressBar, TimeMonitor
+from .model import Model
+
+
+def resolve_layout(cfg: Config, world_size: int) -> ParallelLayout:
+    """The layout of the config on world_size ranks (data_parallel may be left out: the rest of the world)."""
+    p = cfg.parallel
+    dp = p.data_parallel
+    if dp is None:
+        if world_size % p.model_parallel:
+            raise ConfigError(f"layout: model_parallel={p.model_parallel} does not divide the world size {world_size}")
+        dp = world_size // p.model_parallel
+    layout = ParallelLayout(dp, p.model_parallel, p.optimizer_shard)
+    layout.check_world_size(world_size)
+    return layout
+
+
+@dataclass
+class Run:
+    """Everything one rank needs to train."""
+
+    cfg: Config
+    groups: Groups
+    network: object
+    optimizer: object
+    model: Model
+    loader: DataLoader
+
+    def callbacks(self, extra=()):
+        """The standard callbacks (loss, time, progress, metrics) followed by `extra`."""
+        out = self.cfg.output
+        return [LossMonitor(out.loss_every), TimeMonitor(), ProgressBar(out.progress_bar),
+                MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
+
+    def train(self, extra_callbacks=(), initial_epoch=0):
+        return self.model.train(self.cfg.train.epochs, self.loader, self.callbacks(extra_callbacks), initial_epoch)
+
+
+def build_run(cfg: Config, comm) -> Run:
+    """Build layout, groups, sharded network, optimizer and this rank's data for `comm`."""
+    layout = resolve_layout(cfg, comm.size)
+    dtype = np.dtype(cfg.dtype)
+    network = create_network(cfg.model.name, cfg.model.hidden)
+    network.build(layout, comm.rank, cfg.seed, dtype)  # raises LayoutError before any collective
+    groups = Groups(comm, layout)
+    o = cfg.optimizer
+    schedule = LRSchedule(o.learning_rate, **vars(o.schedule))
+    kwargs = {"sgd": {}, "momentum": {"momentum": o.momentum},
+              "adam": {"beta1": o.beta1, "beta2": o.beta2, "eps": o.eps}}.get(o.name, {})
+    optimizer = create_optimizer(o.name, network.trainable_params(), schedule, weight_decay=o.weight_decay, **kwargs)
+    d = cfg.data
+    source = create_dataset(d.name, d.path, num_samples=d.num_samples, seed=cfg.seed, dtype=dtype)
+    sampler = DistributedSampler(len(source), d.batch_size, layout.data_parallel, groups.coords.dp,
+                                 shuffle=d.shuffle, seed=cfg.seed)
+    loader = DataLoader(source, sampler, cfg.train.steps_per_epoch)
+    model = Model(network, optimizer, groups, d.batch_size)
+    return Run(cfg, groups, network, optimizer, model, loader)

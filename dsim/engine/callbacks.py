@@ -1,0 +1,132 @@
+"""Callbacks in MindSpore's shape: begin, epoch_begin, step_begin, step_end, epoch_end, end.
+
+Each gets a RunContext whose `original_args()` are the cb_params MindSpore users know
+(cur_epoch_num, cur_step_num, batch_num, net_outputs, ...). Printing callbacks act on rank 0 only.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from tqdm import tqdm
+
+
+def say(message: str) -> None:
+    """Print a log line without tearing a progress bar."""
+    tqdm.write(message, file=sys.stdout)
+    sys.stdout.flush()
+
+
+class RunContext:
+    """What a callback sees: cb_params via original_args(), and request_stop()."""
+
+    def __init__(self, cb_params: SimpleNamespace):
+        self._params = cb_params
+        self.stop_requested = False
+
+    def original_args(self) -> SimpleNamespace:
+        return self._params
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+
+
+class Callback:
+    """Base class: override the hooks you need."""
+
+    def begin(self, run_context): pass
+    def epoch_begin(self, run_context): pass
+    def step_begin(self, run_context): pass
+    def step_end(self, run_context): pass
+    def epoch_end(self, run_context): pass
+    def end(self, run_context): pass
+
+
+class LossMonitor(Callback):
+    """Rank 0 prints `epoch: 1 step: 77, loss is 7.187697` every per_print_times steps."""
+
+    def __init__(self, per_print_times: int = 1):
+        self.per_print_times = per_print_times
+
+    def step_end(self, run_context):
+        cb = run_context.original_args()
+        if cb.rank == 0 and cb.cur_step_in_epoch % self.per_print_times == 0:
+            say(f"epoch: {cb.cur_epoch_num} step: {cb.cur_step_in_epoch}, loss is {cb.net_outputs:.6f}")
+
+
+class TimeMonitor(Callback):
+    """Rank 0 prints epoch time and per-step time at each epoch end."""
+
+    def epoch_begin(self, run_context):
+        self._t0, self._steps = time.perf_counter(), 0
+
+    def step_end(self, run_context):
+        self._steps += 1
+
+    def epoch_end(self, run_context):
+        cb = run_context.original_args()
+        if cb.rank == 0 and self._steps:
+            ms = (time.perf_counter() - self._t0) * 1000
+            say(f"Train epoch time: {ms:.3f} ms, per step time: {ms / self._steps:.3f} ms")
+
+
+class ProgressBar(Callback):
+    """A tqdm bar on rank 0 (off when stderr is not a terminal)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._bar = None
+
+    def epoch_begin(self, run_context):
+        cb = run_context.original_args()
+        if cb.rank == 0 and self.enabled:
+            self._bar = tqdm(total=cb.batch_num, initial=cb.cur_step_in_epoch, desc=f"epoch {cb.cur_epoch_num}",
+                             leave=False, disable=None, dynamic_ncols=True)
+
+    def step_end(self, run_context):
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{run_context.original_args().net_outputs:.4f}", refresh=False)
+            self._bar.update(1)
+
+    def epoch_end(self, run_context):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    end = epoch_end
+
+
+class MetricsLog(Callback):
+    """Rank 0 appends JSON lines (events and per-step metrics) to a file; runs append, never truncate."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self._file = None
+
+    def log(self, event: str, **fields) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+            self._file.flush()
+
+    def begin(self, run_context):
+        cb = run_context.original_args()
+        if cb.rank == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a")
+            self.log("train_begin", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num,
+                     world_size=cb.world_size, layout=cb.layout)
+
+    def step_end(self, run_context):
+        cb = run_context.original_args()
+        self.log("step", epoch=cb.cur_epoch_num, step=cb.cur_step_in_epoch, global_step=cb.cur_step_num,
+                 loss=float(cb.net_outputs), lr=cb.lr)
+
+    def end(self, run_context):
+        cb = run_context.original_args()
+        self.log("train_end", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num)
+        if self._file is not None:
+            self._file.close()
+            self._file = None

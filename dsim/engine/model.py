@@ -1,0 +1,88 @@
+"""Model: one training step across the parallel groups, and MindSpore's Model.train loop around it."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..nn.layers import softmax_cross_entropy
+from ..parallel.groups import Groups, allreduce_sum
+from .callbacks import RunContext
+
+
+class Model:
+    """A network, its optimizer and the groups it trains on.
+
+    One step, on every rank:
+    1. forward on this rank's part of the global batch (mp all-reduces inside row-split layers);
+    2. backward (mp all-reduces inside column-split layers);
+    3. one all-reduce over the dp group of all gradients plus the loss (a single bucket);
+    4. optimizer update of the owned slices, then all-gather over the optimizer-shard group.
+    """
+
+    def __init__(self, network, optimizer, groups: Groups, global_batch_size: int):
+        self.network = network
+        self.optimizer = optimizer
+        self.groups = groups
+        self.global_batch_size = global_batch_size
+
+    def train_step(self, images: np.ndarray, labels: np.ndarray) -> float:
+        """One training step; returns the global-batch mean loss (identical on every rank)."""
+        net, groups = self.network, self.groups
+        # forward
+        logits = net.forward(images, groups.mp)
+        loss, dlogits = softmax_cross_entropy(logits, labels, self.global_batch_size)
+        # backward
+        net.backward(dlogits, groups.mp)
+        # gradient (and loss) reduction over data parallel
+        params = net.trainable_params()
+        bucket = np.concatenate([p.grad.reshape(-1) for p in params] + [np.array([loss], dtype=logits.dtype)])
+        bucket = allreduce_sum(groups.dp, bucket)
+        offset = 0
+        for p in params:
+            p.grad = bucket[offset:offset + p.grad.size].reshape(p.grad.shape)
+            offset += p.grad.size
+        # update
+        self.optimizer.step(groups.shard)
+        return float(bucket[-1])
+
+    def train(self, epoch: int, train_dataset, callbacks=(), initial_epoch: int = 0):
+        """Train through epoch `epoch` (1-based, inclusive), starting after `initial_epoch`.
+
+        As in MindSpore, `epoch` is the last epoch and `initial_epoch` the number already done; a
+        dataset position set with set_init_step (a mid-epoch resume) wins when it is further on.
+        """
+        spe = train_dataset.get_dataset_size()
+        train_dataset.set_init_step(max(train_dataset.init_step, initial_epoch * spe))
+        first_epoch, first_step = train_dataset.position(train_dataset.init_step)
+        cb = SimpleNamespace(
+            rank=self.groups.rank, world_size=self.groups.world.size, layout=self.groups.layout.to_dict(),
+            epoch_num=epoch, batch_num=spe, cur_epoch_num=first_epoch + 1, cur_step_in_epoch=first_step,
+            cur_step_num=train_dataset.init_step, net_outputs=None, lr=self.optimizer.current_lr(),
+            network=self.network, optimizer=self.optimizer, model=self,
+        )
+        ctx = RunContext(cb)
+        _call(callbacks, "begin", ctx)
+        current = None
+        for ep, step, images, labels in train_dataset.batches(epoch):
+            if ep != current:
+                current = ep
+                cb.cur_epoch_num, cb.cur_step_in_epoch = ep + 1, step
+                _call(callbacks, "epoch_begin", ctx)
+            cb.lr = self.optimizer.current_lr()
+            _call(callbacks, "step_begin", ctx)
+            cb.net_outputs = self.train_step(images, labels)
+            cb.cur_step_in_epoch, cb.cur_step_num = step + 1, cb.cur_step_num + 1
+            _call(callbacks, "step_end", ctx)
+            if step + 1 == spe:
+                _call(callbacks, "epoch_end", ctx)
+            if ctx.stop_requested:
+                break
+        train_dataset.set_init_step(cb.cur_step_num)
+        _call(callbacks, "end", ctx)
+        return cb
+
+
+def _call(callbacks, hook, ctx):
+    for c in callbacks:
+        getattr(c, hook)(ctx)

@@ -1,0 +1,51 @@
+"""A parameter as one rank holds it: its model-parallel slice, and the part of it the rank owns."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from ..parallel.layout import ParamSpec, ParallelLayout, mp_slice, owned_slice, is_opt_sharded
+
+
+class Parameter:
+    """The mp slice of a global tensor on one rank; `owned` is what this rank updates and saves."""
+
+    def __init__(self, spec: ParamSpec, layout: ParallelLayout, rank: int, data: np.ndarray):
+        self.spec = spec
+        self.name = spec.name
+        self.mp = mp_slice(spec, layout, rank)
+        self.owned = owned_slice(spec, layout, rank)
+        self.opt_sharded = is_opt_sharded(spec, layout)
+        if data.shape != self.mp.extents:
+            raise ValueError(f"{self.name}: data shape {data.shape} != mp slice {self.mp.extents}")
+        self.data = data
+        self.grad = None
+
+    @property
+    def owned_index(self) -> tuple:
+        """Index of the owned part inside self.data."""
+        return self.owned.relative_to(self.mp)
+
+    @property
+    def owned_data(self) -> np.ndarray:
+        """A view of the owned part of the data."""
+        return self.data[self.owned_index]
+
+    def __repr__(self):
+        return f"Parameter({self.name}, global={self.spec.shape}, mp={self.mp.extents}, owned={self.owned.extents})"
+
+
+def init_global(spec: ParamSpec, seed: int, kind: str, fan_in: int) -> np.ndarray:
+    """The full initial tensor of a parameter, a pure function of (seed, name): every rank agrees.
+
+    Weights use HeUniform (the seeds' initializer, negative_slope=sqrt(5) as in nn.Dense); biases
+    use uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) like MindSpore's Dense.
+    """
+    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    if kind == "weight":
+        gain = np.sqrt(2.0 / (1 + 5.0))
+        bound = gain * np.sqrt(3.0 / fan_in)
+    else:
+        bound = 1.0 / np.sqrt(fan_in)
+    return rng.uniform(-bound, bound, size=spec.shape)

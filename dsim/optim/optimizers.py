@@ -1,0 +1,115 @@
+"""SGD, Momentum and Adam with MindSpore's update rules, on the slices a rank owns.
+
+With optimizer parallelism each rank updates only its owned 1/k of a parameter (and keeps only that
+much optimizer state); the updated weight is then all-gathered over the optimizer-shard group so the
+next forward pass sees the whole model-parallel slice.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..parallel.groups import allgather_axis0
+from .schedule import LRSchedule
+
+
+class Optimizer:
+    """Base: owns per-parameter state slots (named like MindSpore's, e.g. `moment1.layer2.weight`)."""
+
+    slots: tuple = ()
+
+    def __init__(self, params, learning_rate: LRSchedule, weight_decay: float = 0.0):
+        self.params = list(params)
+        self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
+        self.global_step = 0
+        self.state = {slot: {p.name: np.zeros(p.owned.extents, dtype=p.data.dtype) for p in self.params}
+                      for slot in self.slots}
+
+    def current_lr(self) -> float:
+        return self.learning_rate(self.global_step)
+
+    def step(self, shard_comm) -> None:
+        """Apply the gradients in p.grad (already averaged over dp) to the owned slices."""
+        lr = self.current_lr()
+        for p in self.params:
+            w = p.owned_data
+            g = p.grad[p.owned_index]
+            if self.weight_decay:
+                g = g + w.dtype.type(self.weight_decay) * w
+            self.update(p.name, w, g, lr)
+        self.global_step += 1
+        for p in self.params:
+            if p.opt_sharded:
+                p.data[...] = allgather_axis0(shard_comm, np.ascontiguousarray(p.owned_data))
+
+    def update(self, name, w, g, lr) -> None:
+        raise NotImplementedError
+
+    def state_items(self):
+        """(state name, parameter name, array) for every state slice this rank owns."""
+        for slot in self.slots:
+            for name, arr in self.state[slot].items():
+                yield f"{slot}.{name}", name, arr
+
+    def hyperparams(self) -> dict:
+        return {"weight_decay": self.weight_decay}
+
+
+class SGD(Optimizer):
+    """p -= lr * g."""
+
+    def update(self, name, w, g, lr):
+        w -= w.dtype.type(lr) * g
+
+
+class Momentum(Optimizer):
+    """MindSpore's ApplyMomentum: v = momentum * v + g; p -= lr * v."""
+
+    slots = ("moments",)
+
+    def __init__(self, params, learning_rate, momentum=0.9, weight_decay=0.0):
+        self.momentum = momentum
+        super().__init__(params, learning_rate, weight_decay)
+
+    def update(self, name, w, g, lr):
+        v = self.state["moments"][name]
+        v *= v.dtype.type(self.momentum)
+        v += g
+        w -= w.dtype.type(lr) * v
+
+    def hyperparams(self):
+        return {**super().hyperparams(), "momentum": self.momentum}
+
+
+class Adam(Optimizer):
+    """Adam as MindSpore's nn.Adam: bias correction folded into the step size."""
+
+    slots = ("moment1", "moment2")
+
+    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        super().__init__(params, learning_rate, weight_decay)
+
+    def update(self, name, w, g, lr):
+        t = self.global_step + 1
+        dt = w.dtype.type
+        m, v = self.state["moment1"][name], self.state["moment2"][name]
+        m *= dt(self.beta1)
+        m += dt(1 - self.beta1) * g
+        v *= dt(self.beta2)
+        v += dt(1 - self.beta2) * g * g
+        lr_t = lr * (1 - self.beta2 ** t) ** 0.5 / (1 - self.beta1 ** t)
+        w -= dt(lr_t) * m / (np.sqrt(v) + dt(self.eps))
+
+    def hyperparams(self):
+        return {**super().hyperparams(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
+
+
+OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
+
+
+def create_optimizer(name: str, params, schedule: LRSchedule, **kwargs) -> Optimizer:
+    """An optimizer by config name ('sgd', 'momentum', 'adam')."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer.name {name!r}; choose from {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[name](params, schedule, **kwargs)

@@ -1,0 +1,88 @@
+"""Sub-communicators of a layout and the collectives training uses on them.
+
+Reductions are deterministic and bit-identical on every rank of a group by construction: each rank
+sums one chunk of the buffer over all contributions in group order (an all-to-all, i.e. a
+reduce-scatter), and the reduced chunks are then all-gathered. Replicas therefore hold identical bits,
+which is what lets a rank be repaired from its replica, and reruns of a layout are bit-identical.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .layout import ParallelLayout
+
+
+def _split(comm, ranks_of):
+    """A sub-communicator of comm for the group ranks_of(rank) (ordered as listed)."""
+    members = ranks_of(comm.rank)
+    return comm.Split(color=members[0], key=members.index(comm.rank))
+
+
+class Groups:
+    """The world communicator of a run and its dp, mp and optimizer-shard groups."""
+
+    def __init__(self, comm, layout: ParallelLayout):
+        layout.check_world_size(comm.size)
+        self.world = comm
+        self.layout = layout
+        self.rank = comm.rank
+        self.coords = layout.coords(comm.rank)
+        self.dp = _split(comm, layout.dp_group)
+        self.mp = _split(comm, layout.mp_group)
+        self.shard = _split(comm, layout.shard_group)
+
+    def free(self):
+        for c in (self.dp, self.mp, self.shard):
+            c.Free()
+
+
+def chunk_bounds(n: int, parts: int) -> list[int]:
+    """Boundaries that cut n items into `parts` near-equal contiguous chunks."""
+    base, extra = divmod(n, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
+    return bounds
+
+
+def allreduce_sum(comm, x: np.ndarray) -> np.ndarray:
+    """Sum x over comm, deterministically and bit-identically on every rank."""
+    if comm.size == 1:
+        return np.array(x, copy=True)
+    flat = np.ascontiguousarray(x).reshape(-1)
+    n, p, me = flat.size, comm.size, comm.rank
+    bounds = chunk_bounds(n, p)
+    counts = [bounds[i + 1] - bounds[i] for i in range(p)]
+    mine = counts[me]
+    recv = np.empty((p, mine), dtype=flat.dtype)
+    comm.Alltoallv([flat, counts, bounds[:-1], _mpi_type(flat)],
+                   [recv, [mine] * p, [mine * i for i in range(p)], _mpi_type(flat)])
+    acc = recv[0].copy()
+    for i in range(1, p):
+        acc += recv[i]
+    out = np.empty_like(flat)
+    comm.Allgatherv(acc, [out, counts, bounds[:-1], _mpi_type(flat)])
+    return out.reshape(np.shape(x))
+
+
+def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
+    """Concatenate equal-shaped pieces from every rank of comm along axis 0, in rank order."""
+    if comm.size == 1:
+        return local
+    local = np.ascontiguousarray(local)
+    out = np.empty((comm.size * local.shape[0],) + local.shape[1:], dtype=local.dtype)
+    comm.Allgather(local, out)
+    return out
+
+
+def allgather_last_axis(comm, local: np.ndarray) -> np.ndarray:
+    """Concatenate equal-shaped pieces from every rank along the last axis, in rank order."""
+    if comm.size == 1:
+        return local
+    stacked = allgather_axis0(comm, local[None])
+    return np.concatenate(list(stacked), axis=-1)
+
+
+def _mpi_type(a: np.ndarray):
+    return MPI._typedict[a.dtype.char]

@@ -1,0 +1,57 @@
+"""Train a model on MPI ranks.
+
+    $ mpirun -n 8 python -m dsim.train --config configs/default.yaml
+    $ mpirun -n 8 python -m dsim.train --set parallel.model_parallel=2 --set optimizer.name=adam
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError, load_config
+from .data import DatasetError
+from .parallel.layout import LayoutError
+
+USER_ERRORS = (ConfigError, LayoutError, DatasetError)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m dsim.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML config (default: the built-in defaults, as configs/default.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set optimizer.name=adam (repeatable)")
+    return parser.parse_args(argv)
+
+
+def describe(run) -> str:
+    """One header line: ranks, layout, model, optimizer, schedule of the run."""
+    cfg, layout = run.cfg, run.groups.layout
+    widths = "-".join(str(w) for w in [run.network.layers[0].in_features] +
+                      [layer.out_features for layer in run.network.layers if hasattr(layer, "out_features")])
+    return (f"dsim: {run.groups.world.size} ranks, data_parallel={layout.data_parallel} "
+            f"model_parallel={layout.model_parallel} optimizer_shard={layout.optimizer_shard}; "
+            f"{cfg.model.name} {widths} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
+            f"{cfg.train.epochs} epoch(s) x {run.loader.get_dataset_size()} steps of global batch {cfg.data.batch_size}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI  # after argument parsing so --help works without MPI
+
+    from .engine import build_run
+    comm = MPI.COMM_WORLD
+    try:
+        cfg = load_config(args.config, args.overrides)
+        run = build_run(cfg, comm)
+    except USER_ERRORS as e:
+        if comm.rank == 0:
+            print(f"dsim: error: {e}", file=sys.stderr)
+        return 2
+    if comm.rank == 0:
+        print(describe(run), flush=True)
+    run.train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
