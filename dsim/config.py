@@ -1,5 +1,8 @@
 """The run configuration: YAML in, validated dataclasses out.
 
+The defaults are the default run (configs/default.yaml spells them out): the last-gasp page's Network
+on dp2 x mp4 with Momentum, on the built-in synthetic MNIST.
+
 Every section is a small dataclass; `load_config` rejects unknown keys and wrong types with one line
 naming the key (`config: unknown key 'parallel.data_paralel'`). Seeds and every random state derive
 from `seed`.
@@ -22,7 +25,7 @@ class ConfigError(ValueError):
 @dataclass
 class ParallelConfig:
     data_parallel: Optional[int] = None  # None: world size / model_parallel
-    model_parallel: int = 1
+    model_parallel: int = 4
     optimizer_shard: int = 1
 
 
@@ -44,7 +47,7 @@ class ScheduleConfig:
 @dataclass
 class OptimizerConfig:
     name: str = "momentum"         # sgd | momentum | adam
-    learning_rate: float = 0.01
+    learning_rate: float = 0.02
     momentum: float = 0.9
     beta1: float = 0.9
     beta2: float = 0.999
@@ -57,14 +60,14 @@ class OptimizerConfig:
 class DataConfig:
     name: str = "synthetic"        # synthetic (built in) | mnist (idx files, e.g. MNIST_Data/train)
     path: Optional[str] = None
-    num_samples: int = 60000       # synthetic only
+    num_samples: int = 1920        # synthetic only (MNIST itself has 60000)
     batch_size: int = 32           # the global batch, split over the data-parallel ranks
     shuffle: bool = True
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 1
+    epochs: int = 2
     steps_per_epoch: Optional[int] = None  # cut epochs short (None: the whole dataset)
 
 
@@ -72,7 +75,7 @@ class TrainConfig:
 class OutputConfig:
     dir: str = "runs/default"      # metrics.jsonl and (later) checkpoints go here
     progress_bar: bool = True
-    loss_every: int = 1            # LossMonitor prints every N steps
+    loss_every: int = 10           # LossMonitor prints every N steps
 
 
 @dataclass

@@ -12,7 +12,7 @@ from .mnist import normalize
 
 SIDE = 28
 _SHIFT = 2            # max translation in pixels, each axis
-_NOISE = 0.35         # std of the per-pixel gaussian noise, in [0, 1] intensity units
+_NOISE = 0.5          # std of the per-pixel gaussian noise, in [0, 1] intensity units
 _STROKES = 3          # strokes per class prototype
 _SHARED_STROKES = 2   # strokes common to every class: classes overlap, so they are not trivially apart
 _PROTO_TAG = 0x5EED0  # separate the prototype stream from the per-sample streams
@@ -73,7 +73,7 @@ class SyntheticMNIST:
         return normalize(np.clip(images, 0.0, 1.0), self.dtype), labels
 
     def _sample(self, i: int) -> tuple[np.ndarray, int]:
-        """Raw [0, 1]-range (unclipped) image and label of sample i, from the (seed, i) stream only."""
+        """Unclipped image (about [0, 1]) and label of sample i, drawn from the (seed, i) stream only."""
         rng = np.random.default_rng([self.seed, _SAMPLE_TAG, i])
         label = int(rng.integers(10))
         dy, dx = rng.integers(0, 2 * _SHIFT + 1, size=2)

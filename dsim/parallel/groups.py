@@ -86,3 +86,17 @@ def allgather_last_axis(comm, local: np.ndarray) -> np.ndarray:
 
 def _mpi_type(a: np.ndarray):
     return MPI._typedict[a.dtype.char]
+
+
+def gather_full(comm, pieces) -> dict:
+    """Assemble whole tensors on every rank from (name, global_shape, Slice, array) pieces of all ranks.
+
+    Replicated pieces simply overwrite each other (they are identical by construction).
+    """
+    out = {}
+    for rank_pieces in comm.allgather(list(pieces)):
+        for name, shape, where, arr in rank_pieces:
+            if name not in out:
+                out[name] = np.zeros(shape, dtype=arr.dtype)
+            out[name][where.index] = arr
+    return out

@@ -1,0 +1,39 @@
+# dsim: `make train` and `make test` set up .venv (dsim and its Open MPI from PyPI) on first use.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP ?= 8
+CONFIG ?= configs/default.yaml
+ENV := . launch/env.sh &&
+MPIRUN := $(VENV)/bin/mpirun
+TEST_TIMEOUT ?= 900
+
+.PHONY: venv train test test-serial test-mpi test-e2e clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	@# the environment's activate script carries the Open MPI settings (see launch/env.sh)
+	sed -i '/# >>> dsim >>>/,/# <<< dsim <<</d' $(VENV)/bin/activate
+	{ echo '# >>> dsim >>>'; cat launch/env.sh; echo '# <<< dsim <<<'; } >> $(VENV)/bin/activate
+	touch $@
+
+train: venv
+	$(ENV) $(MPIRUN) -n $(NP) $(PY) -m dsim.train --config $(CONFIG)
+
+test: test-serial test-mpi test-e2e
+
+test-serial: venv
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e"
+
+test-mpi: venv
+	$(ENV) timeout $(TEST_TIMEOUT) $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi
+
+test-e2e: venv
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,11 @@
+# Open MPI settings dsim runs with; sourced by launch/*.sh, the Makefile and the venv's activate script,
+# so that `mpirun -n 8 python -m dsim.train` works as typed on a small machine, as root or not.
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# More ranks than cores is the normal case here: oversubscribe, and yield when idle.
+export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+export OMPI_MCA_mpi_yield_when_idle=1
+# One BLAS thread per rank: ranks are the parallelism.
+export OMP_NUM_THREADS=1
+export OPENBLAS_NUM_THREADS=1
+export MKL_NUM_THREADS=1

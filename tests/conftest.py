@@ -1,0 +1,55 @@
+"""Shared test helpers: small configs, and running mpirun as a user would (always with a timeout)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SMALL = ["model.hidden=[64,128,128,64]", "data.num_samples=640", "train.steps_per_epoch=20"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # Under `mpirun pytest --with-mpi` only rank 0 reports; every assertion is agreed across ranks
+    # first, so rank 0 fails whenever any rank would.
+    if config.getoption("with_mpi", default=False):
+        from mpi4py import MPI
+        if MPI.COMM_WORLD.rank != 0:
+            reporter = config.pluginmanager.getplugin("terminalreporter")
+            if reporter is not None:
+                config.pluginmanager.unregister(reporter)
+
+
+def small_config(**overrides):
+    """A fast float64 config (small widths, 20 steps) with dotted-key overrides."""
+    from dsim.config import load_config
+    items = SMALL + ["dtype=float64", "output.progress_bar=false"]
+    items += [f"{k.replace('__', '.')}={v}" for k, v in overrides.items()]
+    return load_config(None, items)
+
+
+def launch_env():
+    """The environment launch/env.sh gives, for subprocesses."""
+    out = subprocess.run(["bash", "-c", f". {ROOT}/launch/env.sh && env -0"], capture_output=True, check=True)
+    env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def mpirun(n, args, cwd, timeout=180, check=None):
+    """Run `mpirun -n N python -m ...args` in cwd; returns CompletedProcess (stdout+stderr text)."""
+    cmd = [str(BIN / "mpirun"), "-n", str(n), sys.executable, *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=launch_env(), capture_output=True, text=True, timeout=timeout)
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return tmp_path

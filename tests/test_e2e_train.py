@@ -1,0 +1,77 @@
+"""`mpirun -n 8 python -m dsim.train` as a user runs it: output, metrics, determinism, bad input."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from conftest import mpirun
+from dsim.data import write_idx
+
+pytestmark = pytest.mark.e2e
+SMALL = ["--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=960", "--set", "output.loss_every=1",
+         "--set", "optimizer.learning_rate=0.05"]
+LOSS_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\d+\.\d{6})$", re.M)
+
+
+def losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in lines if json.loads(line)["event"] == "step"]
+
+
+def test_train_prints_mindspore_loss_lines_and_loss_falls(tmp_path):
+    proc = mpirun(8, ["-m", "dsim.train", *SMALL, "--set", "output.dir=run"], cwd=tmp_path, check=0)
+    found = LOSS_LINE.findall(proc.stdout)
+    assert len(found) == 60, proc.stdout  # 2 epochs x 960/32 steps, rank 0 only
+    assert found[0][:2] == ("1", "1") and found[-1][:2] == ("2", "30")
+    values = [float(v) for _, _, v in found]
+    assert np.mean(values[-10:]) < 0.85 * np.mean(values[:5])  # 2.31 -> 1.73 here
+    assert "data_parallel=2 model_parallel=4" in proc.stdout
+    assert proc.stdout.count("Train epoch time:") == 2
+    assert losses(tmp_path / "run") == pytest.approx(values, abs=1e-6)
+
+
+def test_two_runs_are_bit_identical(tmp_path):
+    args = ["-m", "dsim.train", *SMALL, "--set", "parallel.optimizer_shard=2", "--set", "optimizer.name=adam",
+            "--set", "optimizer.learning_rate=0.002", "--set", "train.epochs=1"]
+    for name in ("a", "b"):
+        mpirun(8, [*args, "--set", f"output.dir={name}"], cwd=tmp_path, check=0)
+    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(a) == 30 and a == b  # exact floats from JSON
+
+
+def test_default_config_runs_as_typed(tmp_path):
+    # the full-size Network on dp2 x mp4, cut to 3 steps to stay quick
+    proc = mpirun(8, ["-m", "dsim.train", "--set", "train.steps_per_epoch=3", "--set", "train.epochs=1"],
+                  cwd=tmp_path, check=0, timeout=300)
+    assert "network 784-512-5120-5120-512-10 float32" in proc.stdout
+    assert (tmp_path / "runs" / "default" / "metrics.jsonl").is_file()
+
+
+def test_real_mnist_idx_files(tmp_path):
+    rng = np.random.default_rng(0)
+    train = tmp_path / "MNIST_Data" / "train"
+    train.mkdir(parents=True)
+    write_idx(train / "train-images-idx3-ubyte", rng.integers(0, 256, (128, 28, 28), dtype=np.uint8))
+    write_idx(train / "train-labels-idx1-ubyte", rng.integers(0, 10, 128, dtype=np.uint8))
+    proc = mpirun(4, ["-m", "dsim.train", *SMALL, "--set", "parallel.model_parallel=2", "--set", "data.name=mnist",
+                      "--set", "data.path=MNIST_Data/train", "--set", "train.epochs=1"], cwd=tmp_path, check=0)
+    assert len(LOSS_LINE.findall(proc.stdout)) == 4  # 128 // 32
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--set", "parallel.bogus=1"], "config: unknown key 'parallel.bogus'"),
+    (["--set", "train.epochs=many"], "config: train.epochs must be int, got str 'many'"),
+    (["--set", "parallel.data_parallel=2", "--set", "parallel.model_parallel=2"],
+     "layout data_parallel=2 x model_parallel=2 = 4 ranks does not fit the world size 8"),
+    (["--set", "data.name=mnist", "--set", "data.path=MNIST_Data/train"], "config: data.path not found: MNIST_Data/train"),
+    (["--set", "model.hidden=[62,64]"], "is not divisible by model_parallel=4"),
+    (["--config", "missing.yaml"], "config: file not found: missing.yaml"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, msg):
+    proc = mpirun(8, ["-m", "dsim.train", *args], cwd=tmp_path, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert len(errors) == 1 and msg in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
