@@ -30,7 +30,7 @@ test-serial: venv
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e"
 
 test-mpi: venv
-	$(ENV) timeout $(TEST_TIMEOUT) $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi
+	$(ENV) timeout $(TEST_TIMEOUT) $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider
 
 test-e2e: venv
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e
