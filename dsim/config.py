@@ -13,7 +13,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import yaml
 
@@ -72,6 +72,28 @@ class TrainConfig:
 
 
 @dataclass
+class CheckpointSection:
+    enabled: bool = True
+    prefix: str = "network"
+    directory: Optional[str] = None          # default: <output.dir>/checkpoints
+    save_checkpoint_steps: Optional[int] = None
+    save_checkpoint_epochs: Optional[int] = 1
+    keep_checkpoint_max: int = 5
+    integrated_save: bool = False            # False: each rank saves only its own slices
+    append_info: list[Any] = field(default_factory=lambda: ["epoch_num", "step_num"])
+    group_info_file: Optional[str] = None    # also $GROUP_INFO_FILE; "{rank}" is replaced by the rank
+
+
+@dataclass
+class FaultConfig:
+    kind: Optional[str] = None               # null (off) | exception | kill
+    rank: Optional[int] = None               # null: every rank
+    step: Optional[int] = None               # global step (1-based)
+    epoch: Optional[int] = None              # with at: epoch_end
+    at: str = "step_end"                     # step_end | epoch_end | save | commit
+
+
+@dataclass
 class OutputConfig:
     dir: str = "runs/default"      # metrics.jsonl and (later) checkpoints go here
     progress_bar: bool = True
@@ -88,6 +110,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -104,6 +128,8 @@ def _convert(value, hint, key):
             raise ConfigError(f"config: {key} must be a list, got {value!r}")
         (inner,) = typing.get_args(hint)
         return [_convert(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is Any:
+        return value
     if dataclasses.is_dataclass(hint):
         return _from_dict(hint, value, key)
     ok = {
@@ -175,6 +201,13 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config: {key} must be >= 1, got {value}")
+    f = cfg.fault
+    if f.kind not in (None, "exception", "kill"):
+        raise ConfigError(f"config: fault.kind must be exception or kill, got {f.kind!r}")
+    if f.at not in ("step_end", "epoch_end", "save", "commit"):
+        raise ConfigError(f"config: fault.at must be step_end, epoch_end, save or commit, got {f.at!r}")
+    if f.kind and (f.epoch if f.at == "epoch_end" else f.step) is None:
+        raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     if cfg.data.name == "mnist":
         if not cfg.data.path:
             raise ConfigError("config: data.path is required when data.name is mnist")

@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DatasetError
+from .faults import InjectedFault
 from .parallel.layout import LayoutError
 
-USER_ERRORS = (ConfigError, LayoutError, DatasetError)
+USER_ERRORS = (ConfigError, LayoutError, DatasetError, CheckpointError)
 
 
 def parse_args(argv=None):
@@ -20,6 +22,8 @@ def parse_args(argv=None):
     parser.add_argument("--config", help="YAML config (default: the built-in defaults, as configs/default.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optimizer.name=adam (repeatable)")
+    parser.add_argument("--resume", metavar="auto|NAME",
+                        help="continue from the latest committed checkpoint (auto) or a named one, e.g. network-6_60")
     return parser.parse_args(argv)
 
 
@@ -43,14 +47,47 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         run = build_run(cfg, comm)
+        if comm.rank == 0:
+            print(describe(run), flush=True)
+        initial_epoch = resume(run, args.resume) if args.resume else 0
     except USER_ERRORS as e:
         if comm.rank == 0:
             print(f"dsim: error: {e}", file=sys.stderr)
         return 2
-    if comm.rank == 0:
-        print(describe(run), flush=True)
-    run.train()
+    try:
+        run.train(initial_epoch=initial_epoch)
+    except (InjectedFault, CheckpointError) as e:
+        print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def resume(run, which: str) -> int:
+    """Restore every rank from a committed checkpoint; all ranks agree on success first. Returns initial_epoch."""
+    from .checkpoint import loader
+    from .checkpoint.commit import committed
+    comm, directory = run.groups.world, run.checkpoint_dir
+    error, path = None, None
+    try:
+        if which == "auto":
+            record = loader.latest_committed(directory)
+        else:
+            matches = [r for r in committed(directory) if r["name"] == which] if directory.is_dir() else []
+            if not matches:
+                raise CheckpointError(f"no committed checkpoint named {which} in {directory}")
+            record = matches[-1]
+        path = loader.file_for(directory, record, comm.rank)
+        loader.restore(run, path)
+    except CheckpointError as e:
+        error = str(e)
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    step = run.loader.init_step
+    if comm.rank == 0:
+        epoch, in_epoch = run.loader.position(step)
+        print(f"dsim: resumed from {path} (global step {step}: epoch {epoch + 1} step {in_epoch})", flush=True)
+    return step // run.loader.get_dataset_size()
 
 
 if __name__ == "__main__":

@@ -41,11 +41,30 @@ class Run:
     model: Model
     loader: DataLoader
 
+    @property
+    def checkpoint_dir(self) -> Path:
+        c = self.cfg.checkpoint
+        return Path(c.directory) if c.directory else Path(self.cfg.output.dir) / "checkpoints"
+
     def callbacks(self, extra=()):
-        """The standard callbacks (loss, time, progress, metrics) followed by `extra`."""
-        out = self.cfg.output
-        return [LossMonitor(out.loss_every), TimeMonitor(), ProgressBar(out.progress_bar),
-                MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
+        """The standard callbacks (checkpoint, fault, loss, time, progress, metrics) followed by `extra`.
+
+        The checkpoint callback runs first so a fault at the end of a step or epoch finds it saved.
+        """
+        from ..checkpoint import CheckpointConfig, ModelCheckpoint
+        from ..faults import FaultInjector
+        cfg, out = self.cfg, self.cfg.output
+        cbs = []
+        c = cfg.checkpoint
+        if c.enabled:
+            config = CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
+                                      c.integrated_save, c.append_info)
+            cbs.append(ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file))
+        if cfg.fault.kind:
+            f = cfg.fault
+            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at))
+        return cbs + [LossMonitor(out.loss_every), TimeMonitor(), ProgressBar(out.progress_bar),
+                      MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
 
     def train(self, extra_callbacks=(), initial_epoch=0):
         return self.model.train(self.cfg.train.epochs, self.loader, self.callbacks(extra_callbacks), initial_epoch)
@@ -69,4 +88,5 @@ def build_run(cfg: Config, comm) -> Run:
                                  shuffle=d.shuffle, seed=cfg.seed)
     loader = DataLoader(source, sampler, cfg.train.steps_per_epoch)
     model = Model(network, optimizer, groups, d.batch_size)
+    model.seed, model.loader = cfg.seed, loader
     return Run(cfg, groups, network, optimizer, model, loader)

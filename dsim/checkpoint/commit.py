@@ -1,0 +1,121 @@
+"""The commit protocol: nothing partial is ever "latest".
+
+1) (all ranks) write their files under temporary names, fsync, rename into place;
+2) (all ranks) report success or their error to everyone (allgather);
+3) (rank 0) only if all succeeded, write the commit record `<name>.commit` (temporary name, fsync, rename,
+   fsync of the directory). A checkpoint exists exactly when its commit record does;
+4) (rank 0, then every rank) retention: drop the oldest committed checkpoints of the prefix beyond
+   keep_checkpoint_max, commit record first, never the newest.
+Leftovers of an interrupted save (temporaries, files without a commit record) are removed with a
+warning when the next run starts, and never loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+from .format import fsync_path
+
+COMMIT_FORMAT = "dsim-commit/1"
+NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)$")
+
+
+def checkpoint_name(prefix: str, epoch: int, step_in_epoch: int) -> str:
+    """MindSpore's naming: prefix-{epoch}_{step}."""
+    return f"{prefix}-{epoch}_{step_in_epoch}"
+
+
+def rank_dir(directory, rank: int) -> Path:
+    return Path(directory) / f"rank_{rank}"
+
+
+def shard_path(directory, rank: int, name: str) -> Path:
+    """Where rank's file of a sharded checkpoint lives: <dir>/rank_<r>/<name>.h5."""
+    return rank_dir(directory, rank) / f"{name}.h5"
+
+
+def integrated_path(directory, name: str) -> Path:
+    """Where an integrated (full-tensor) checkpoint lives: <dir>/<name>.h5."""
+    return Path(directory) / f"{name}.h5"
+
+
+def commit_path(directory, name: str) -> Path:
+    return Path(directory) / f"{name}.commit"
+
+
+def write_json_atomic(path: Path, record: dict) -> None:
+    """Write JSON under a temporary name, fsync, rename into place, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(record, fh, indent=1)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def write_commit(directory, record: dict) -> Path:
+    """Commit a checkpoint (step 3 above): it exists from this rename on."""
+    path = commit_path(directory, record["name"])
+    write_json_atomic(path, {"format": COMMIT_FORMAT, **record})
+    return path
+
+
+def committed(directory) -> list[dict]:
+    """Commit records in directory, oldest first by (global_step, sequence): never by file time."""
+    records = []
+    for path in Path(directory).glob("*.commit"):
+        try:
+            record = json.loads(path.read_text())
+            if record.get("format") == COMMIT_FORMAT:
+                records.append(record)
+                continue
+        except (ValueError, OSError):
+            pass
+        warnings.warn(f"ignoring unreadable commit record {path}")
+    return sorted(records, key=lambda r: (r["global_step"], r["sequence"]))
+
+
+def used_prefixes(directory) -> set:
+    """Prefixes that already name something in directory (meta files, commit records, files)."""
+    d = Path(directory)
+    found = {p.name[:-len("-graph.meta")] for p in d.glob("*-graph.meta")}
+    for path in list(d.glob("*.commit")) + list(d.glob("*.h5")) + list(d.glob("rank_*/*.h5")):
+        m = NAME.match(path.name.split(".")[0] if path.suffix == ".commit" else path.name[:-len(".h5")])
+        if m:
+            found.add(m["prefix"])
+    return found
+
+
+def unique_prefix(directory, prefix: str) -> str:
+    """prefix, or prefix_N (the first unused N) when a previous run in directory used it."""
+    used = used_prefixes(directory)
+    if prefix not in used:
+        return prefix
+    n = 1
+    while f"{prefix}_{n}" in used:
+        n += 1
+    return f"{prefix}_{n}"
+
+
+def clean_leftovers(directory, rank: int, committed_names: set) -> list[Path]:
+    """Remove temporaries and uncommitted files rank is responsible for; warn about each."""
+    d = Path(directory)
+    mine = list(rank_dir(d, rank).glob("*.tmp")) + [
+        p for p in rank_dir(d, rank).glob("*.h5") if p.name[:-3] not in committed_names]
+    if rank == 0:
+        mine += list(d.glob("*.tmp")) + [p for p in d.glob("*.h5") if p.name[:-3] not in committed_names]
+    for p in mine:
+        warnings.warn(f"removing leftover of an interrupted save (never committed): {p}")
+        p.unlink()
+    return mine
+
+
+def to_drop(records: list[dict], prefix: str, keep_max: int) -> list[dict]:
+    """The oldest committed checkpoints of prefix beyond keep_max (never the newest one)."""
+    own = [r for r in records if r["prefix"] == prefix]
+    return own[:max(0, len(own) - max(keep_max, 1))]

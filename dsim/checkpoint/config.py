@@ -1,0 +1,40 @@
+"""CheckpointConfig: when to save, how many to keep, and what to add (MindSpore's names)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .errors import CheckpointError
+
+
+@dataclass
+class CheckpointConfig:
+    """save_checkpoint_steps / save_checkpoint_epochs (one of them), keep_checkpoint_max, integrated_save,
+    append_info: ["epoch_num", "step_num", {str: int | float | bool | str | array}]."""
+
+    save_checkpoint_steps: Optional[int] = None
+    save_checkpoint_epochs: Optional[int] = None
+    keep_checkpoint_max: int = 5
+    integrated_save: bool = False
+    append_info: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.save_checkpoint_steps is None and self.save_checkpoint_epochs is None:
+            self.save_checkpoint_steps = 1  # MindSpore's default
+        if self.save_checkpoint_steps is not None and self.save_checkpoint_epochs is not None:
+            raise CheckpointError("checkpoint: set save_checkpoint_steps or save_checkpoint_epochs, not both")
+        for name in ("save_checkpoint_steps", "save_checkpoint_epochs", "keep_checkpoint_max"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise CheckpointError(f"checkpoint: {name} must be a positive integer, got {value!r}")
+        for item in self.append_info:
+            if isinstance(item, dict):
+                for key, value in item.items():
+                    ok = isinstance(value, (bool, int, float, str, np.ndarray, list))
+                    if not isinstance(key, str) or not ok:
+                        raise CheckpointError(f"checkpoint: append_info entry {key!r}: {value!r} must be str -> "
+                                              "int/float/bool/str/array")
+            elif item not in ("epoch_num", "step_num"):
+                raise CheckpointError(f"checkpoint: append_info takes 'epoch_num', 'step_num' or a dict, got {item!r}")

@@ -1,0 +1,111 @@
+"""Loading: find the latest committed checkpoint, read a file, put its slices into a built model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..parallel.groups import allgather_axis0
+from . import commit as cm
+from .errors import CheckpointError
+from .format import read_file
+
+
+class ParamDict(dict):
+    """name -> array (parameters, optimizer state, append_info values), plus the file's attributes."""
+
+    meta: dict = {}
+    slices: dict = {}
+
+
+def load_checkpoint(path, verify: bool = True) -> ParamDict:
+    """Read one checkpoint file into a dict of name -> array (MindSpore's load_checkpoint).
+
+    Keys: parameter names (`layer2.weight`), optimizer state (`moment1.layer2.weight`), `global_step`,
+    `learning_rate`, and the append_info values (`epoch_num`, `step_num`, user keys).
+    """
+    shard = read_file(path, verify=verify)
+    out = ParamDict({name: t.data for name, t in shard.tensors.items()})
+    out["global_step"] = np.array(shard.meta["global_step"])
+    out["learning_rate"] = np.array(shard.meta["optimizer"]["learning_rate"])
+    out.update({k: np.asarray(v) for k, v in shard.append_info.items()})
+    out.meta = shard.meta
+    out.slices = {name: t.where for name, t in shard.tensors.items()}
+    return out
+
+
+def _assign(name, target_owned, target_global_index, value, owned_extents, global_shape):
+    """Place value (a full tensor or exactly the owned slice) into target_owned; else raise naming the shapes."""
+    if value.shape == tuple(owned_extents):
+        target_owned[...] = value
+    elif value.shape == tuple(global_shape):
+        target_owned[...] = value[target_global_index]
+    else:
+        raise CheckpointError(f"{name}: checkpoint shape {value.shape} matches neither this rank's slice "
+                              f"{tuple(owned_extents)} nor the global shape {tuple(global_shape)} of the built layout")
+
+
+def load_param_into_net(net, param_dict) -> list:
+    """Load parameters into a built network's owned slices (MindSpore's load_param_into_net).
+
+    Accepts a sharded file's slices or an integrated file's full tensors; every shape is checked against
+    the built layout and a mismatch names the parameter. Returns the names not found (raises if any).
+    """
+    missing = [p.name for p in net.trainable_params() if p.name not in param_dict]
+    if missing:
+        raise CheckpointError(f"parameters missing from the checkpoint: {', '.join(missing)}")
+    for p in net.trainable_params():
+        _assign(p.name, p.owned_data, p.owned.index, np.asarray(param_dict[p.name]), p.owned.extents, p.spec.shape)
+    return []
+
+
+def load_optimizer_state(optimizer, param_dict) -> None:
+    """Load optimizer state slices and the step counter (the learning-rate schedule follows from it)."""
+    params = {p.name: p for p in optimizer.params}
+    for state_name, param_name, arr in optimizer.state_items():
+        if state_name not in param_dict:
+            raise CheckpointError(f"optimizer state missing from the checkpoint: {state_name}")
+        p = params[param_name]
+        _assign(state_name, arr, p.owned.index, np.asarray(param_dict[state_name]), p.owned.extents, p.spec.shape)
+    optimizer.global_step = int(param_dict.meta["optimizer"]["global_step"])
+
+
+def latest_committed(directory) -> dict:
+    """The newest committed checkpoint's record in directory, by global step (never by file time)."""
+    records = cm.committed(directory) if Path(directory).is_dir() else []
+    if not records:
+        raise CheckpointError(f"no committed checkpoint in {directory}")
+    return records[-1]
+
+
+def file_for(directory, record: dict, rank: int) -> Path:
+    """The file rank reads from a committed checkpoint."""
+    if record["integrated_save"]:
+        return cm.integrated_path(directory, record["name"])
+    return cm.shard_path(directory, rank, record["name"])
+
+
+def check_compatible(meta: dict, layout, world_size: int, path) -> None:
+    """Raise naming the difference when a checkpoint was saved with another layout or world size."""
+    if meta.get("integrated_save"):
+        return  # full tensors re-slice to any layout
+    if meta["world_size"] != world_size:
+        raise CheckpointError(f"{path} was saved by {meta['world_size']} ranks, this run has {world_size}")
+    saved = meta["layout"]
+    for key, value in layout.to_dict().items():
+        if saved.get(key) != value:
+            raise CheckpointError(f"{path} was saved with {key}={saved.get(key)}, this run has {key}={value}")
+
+
+def restore(run, path) -> ParamDict:
+    """Load a checkpoint file into a built run: parameters, optimizer state, counters, data position."""
+    groups = run.groups
+    param_dict = load_checkpoint(path)
+    check_compatible(param_dict.meta, groups.layout, groups.world.size, path)
+    load_param_into_net(run.network, param_dict)
+    load_optimizer_state(run.optimizer, param_dict)
+    for p in run.network.trainable_params():  # rebuild whole mp slices from the owned parts
+        if p.opt_sharded:
+            p.data[...] = allgather_axis0(groups.shard, np.ascontiguousarray(p.owned_data))
+    run.loader.set_init_step(int(param_dict.meta["global_step"]))
+    return param_dict

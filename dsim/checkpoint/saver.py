@@ -1,0 +1,192 @@
+"""ModelCheckpoint: the callback that saves sharded (or integrated) checkpoints with the commit protocol."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .. import faults
+from ..engine.callbacks import Callback, say
+from ..parallel.groups import gather_full
+from ..parallel.layout import Slice
+from . import commit as cm
+from .config import CheckpointConfig
+from .errors import CheckpointError
+from .format import Tensor, write_file
+from .group_info import group_info, replica_sets, write_group_info
+
+
+def state_tensors(network, optimizer):
+    """This rank's owned slices of parameters and optimizer state, as checkpoint tensors."""
+    params = {p.name: p for p in network.trainable_params()}
+    for p in params.values():
+        yield Tensor("params", p.name, p.spec.shape, p.owned, p.owned_data, p.spec.split, p.opt_sharded)
+    for state_name, param_name, arr in optimizer.state_items():
+        p = params[param_name]
+        yield Tensor("optimizer", state_name, p.spec.shape, p.owned, arr, p.spec.split, p.opt_sharded)
+
+
+def resume_meta(cb) -> dict:
+    """What an exact resume needs besides the tensors: counters, lr schedule, data position, seed."""
+    model, opt = cb.model, cb.optimizer
+    loader = getattr(model, "loader", None)
+    return {
+        "epoch": cb.cur_epoch_num, "step_in_epoch": cb.cur_step_in_epoch, "global_step": cb.cur_step_num,
+        "rank": cb.rank, "world_size": cb.world_size, "layout": cb.layout,
+        "optimizer": {"name": type(opt).__name__.lower(), "global_step": opt.global_step,
+                      "learning_rate": opt.current_lr(), **opt.hyperparams()},
+        "schedule": opt.learning_rate.to_dict(),
+        "data": {"global_step": cb.cur_step_num, "steps_per_epoch": cb.batch_num,
+                 "batch_size": model.global_batch_size},
+        "random_state": "none: initial weights, data and shuffling are pure functions of seed",
+        "seed": getattr(model, "seed", 0), "dtype": str(next(iter(opt.params)).data.dtype),
+    }
+
+
+class ModelCheckpoint(Callback):
+    """Save checkpoints into `directory` as `prefix-{epoch}_{step}` (MindSpore's callback).
+
+    integrated_save=False: <dir>/rank_<r>/<name>.h5 per rank, with only that rank's slices;
+    integrated_save=True: <dir>/<name>.h5 with full tensors, written by rank 0.
+    Either way <dir>/<name>.commit, written last, is what makes the checkpoint exist.
+    """
+
+    def __init__(self, prefix: str = "CKP", directory=None, config: CheckpointConfig = None,
+                 group_info_file=None):
+        self.requested_prefix = prefix
+        self.directory = Path(directory or ".")
+        self.config = config or CheckpointConfig()
+        self.group_info_file = group_info_file or os.environ.get("GROUP_INFO_FILE")
+        self.prefix = None
+        self.last_saved_step = None
+        self.saved = []
+
+    # -- callback hooks ------------------------------------------------------------------------------
+    def begin(self, run_context):
+        cb = run_context.original_args()
+        comm, layout = cb.model.groups.world, cb.model.groups.layout
+        prefix = None
+        if cb.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            prefix = cm.unique_prefix(self.directory, self.requested_prefix)
+        self.prefix = comm.bcast(prefix, root=0)
+        names = {r["name"] for r in cm.committed(self.directory)} if self.directory.is_dir() else set()
+        cm.clean_leftovers(self.directory, cb.rank, names)
+        write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", layout, cb.rank)
+        if self.group_info_file:
+            write_group_info(self.group_info_file, layout, cb.rank)
+        if cb.rank == 0:
+            cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta", {
+                "format": "dsim-graph-meta/1", "prefix": self.prefix, "layout": cb.layout,
+                "world_size": cb.world_size,
+                "parameters": [{"name": p.name, "shape": list(p.spec.shape), "split": p.spec.split,
+                                "opt_sharded": p.opt_sharded} for p in cb.network.trainable_params()],
+                "optimizer_state": sorted({s for s, _, _ in cb.optimizer.state_items()}),
+                "replica_sets": replica_sets(layout)})
+        comm.Barrier()
+
+    def step_end(self, run_context):
+        cb = run_context.original_args()
+        n = self.config.save_checkpoint_steps
+        if n and cb.cur_step_num % n == 0:
+            self.save(cb)
+
+    def epoch_end(self, run_context):
+        cb = run_context.original_args()
+        n = self.config.save_checkpoint_epochs
+        if n and cb.cur_epoch_num % n == 0:
+            self.save(cb)
+
+    def end(self, run_context):
+        cb = run_context.original_args()
+        if cb.cur_step_num and self.last_saved_step != cb.cur_step_num:
+            self.save(cb)  # like MindSpore, the last step is always saved
+
+    # -- the save itself -----------------------------------------------------------------------------
+    def save(self, cb) -> str:
+        """Write this step's checkpoint on every rank and commit it; returns its name."""
+        if self.last_saved_step == cb.cur_step_num:
+            return self.saved[-1]
+        t0 = time.perf_counter()
+        groups = cb.model.groups
+        comm, layout, rank = groups.world, groups.layout, cb.rank
+        name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)
+        meta = {**resume_meta(cb), "prefix": self.prefix, "integrated_save": self.config.integrated_save,
+                "group_info": group_info(layout, rank)}
+        append = self._append_info(cb)
+        half = lambda: faults.at_save_point("save", cb.cur_step_num)  # noqa: E731
+        error, size = None, 0
+        try:
+            tensors = list(state_tensors(cb.network, cb.optimizer))
+            if self.config.integrated_save:
+                full = gather_full(comm, [(t.name, t.global_shape, t.where, t.data) for t in tensors])
+                if rank == 0:
+                    whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
+                                    t.global_shape), full[t.name], t.split, False) for t in tensors]
+                    size = write_file(cm.integrated_path(self.directory, name), meta, whole, append, half)
+            else:
+                size = write_file(cm.shard_path(self.directory, rank, name), meta, tensors, append, half)
+        except Exception as e:  # every rank must learn of it, or the others wait forever
+            error = f"{type(e).__name__}: {e}"
+        results = comm.allgather((error, size))
+        failed = {r: e for r, (e, _) in enumerate(results) if e}
+        if failed:
+            raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {failed}")
+        faults.at_save_point("commit", cb.cur_step_num)
+        comm.Barrier()  # every rank is past the commit fault point: all files are in place
+        error = None
+        if rank == 0:
+            try:
+                records = cm.committed(self.directory)
+                files = {"0": cm.integrated_path(self.directory, name).name} if self.config.integrated_save else {
+                    str(r): str(cm.shard_path("", r, name)) for r in range(comm.size)}
+                cm.write_commit(self.directory, {
+                    "name": name, "prefix": self.prefix, "epoch": cb.cur_epoch_num,
+                    "step_in_epoch": cb.cur_step_in_epoch, "global_step": cb.cur_step_num,
+                    "sequence": max([r["sequence"] for r in records], default=0) + 1,
+                    "world_size": comm.size, "layout": cb.layout, "integrated_save": self.config.integrated_save,
+                    "files": files, "sizes": {str(r): s for r, (_, s) in enumerate(results) if s},
+                    "time": time.time()})
+            except OSError as e:
+                error = f"{type(e).__name__}: {e}"
+        error = comm.bcast(error, root=0)
+        if error:
+            raise CheckpointError(f"checkpoint {name} not committed: {error}")
+        self.last_saved_step = cb.cur_step_num
+        self.saved.append(name)
+        self._retain(comm, rank)
+        if rank == 0:
+            total = sum(s for _, s in results)
+            say(f"checkpoint saved: {self.directory / name} ({total / 2**20:.1f} MiB in "
+                f"{1 if self.config.integrated_save else comm.size} file(s), {1000 * (time.perf_counter() - t0):.0f} ms)")
+            if not self.config.integrated_save and len(group_info(layout, 0)) == 1:
+                warnings.warn(f"optimizer_shard={layout.optimizer_shard} = data_parallel: no rank has a replica, "
+                              "a lost shard cannot be repaired from another rank")
+        return name
+
+    def _append_info(self, cb) -> dict:
+        out = {}
+        for item in self.config.append_info:
+            if item == "epoch_num":
+                out["epoch_num"] = np.int64(cb.cur_epoch_num)
+            elif item == "step_num":
+                out["step_num"] = np.int64(cb.cur_step_num)
+            else:
+                out.update({k: np.asarray(v) for k, v in item.items()})
+        return out
+
+    def _retain(self, comm, rank):
+        """Drop the oldest committed checkpoints of this prefix beyond keep_checkpoint_max."""
+        drop = []
+        if rank == 0:
+            drop = [r["name"] for r in cm.to_drop(cm.committed(self.directory), self.prefix,
+                                                  self.config.keep_checkpoint_max)]
+            for name in drop:
+                cm.commit_path(self.directory, name).unlink()  # uncommit first
+                cm.integrated_path(self.directory, name).unlink(missing_ok=True)
+        for name in comm.bcast(drop, root=0):
+            cm.shard_path(self.directory, rank, name).unlink(missing_ok=True)
