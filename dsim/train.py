@@ -77,12 +77,12 @@ def resume(run, which: str) -> int:
                 raise CheckpointError(f"no committed checkpoint named {which} in {directory}")
             record = matches[-1]
         path = loader.file_for(directory, record, comm.rank)
-        loader.restore(run, path)
     except CheckpointError as e:
         error = str(e)
     errors = [e for e in comm.allgather(error) if e]
     if errors:
         raise CheckpointError(errors[0])
+    loader.restore(run, path)
     step = run.loader.init_step
     if comm.rank == 0:
         epoch, in_epoch = run.loader.position(step)

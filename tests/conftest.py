@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,15 @@ def launch_env():
 def mpirun(n, args, cwd, timeout=180, check=None):
     """Run `mpirun -n N python -m ...args` in cwd; returns CompletedProcess (stdout+stderr text)."""
     cmd = [str(BIN / "mpirun"), "-n", str(n), sys.executable, *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=launch_env(), capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # mpirun and every rank it started: nothing outlives a test
+            out, err = p.communicate()
+            raise AssertionError(f"mpirun timed out after {timeout} s: {' '.join(args)}\n{out[-3000:]}\n{err[-3000:]}")
+    proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc

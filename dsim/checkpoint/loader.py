@@ -98,12 +98,23 @@ def check_compatible(meta: dict, layout, world_size: int, path) -> None:
 
 
 def restore(run, path) -> ParamDict:
-    """Load a checkpoint file into a built run: parameters, optimizer state, counters, data position."""
+    """Load a checkpoint file into a built run: parameters, optimizer state, counters, data position.
+
+    Collective: every rank reads its own file, then all agree before any rank goes on, so one bad file
+    is one error on every rank rather than a hang.
+    """
     groups = run.groups
-    param_dict = load_checkpoint(path)
-    check_compatible(param_dict.meta, groups.layout, groups.world.size, path)
-    load_param_into_net(run.network, param_dict)
-    load_optimizer_state(run.optimizer, param_dict)
+    error, param_dict = None, None
+    try:
+        param_dict = load_checkpoint(path)
+        check_compatible(param_dict.meta, groups.layout, groups.world.size, path)
+        load_param_into_net(run.network, param_dict)
+        load_optimizer_state(run.optimizer, param_dict)
+    except CheckpointError as e:
+        error = str(e)
+    errors = [e for e in groups.world.allgather(error) if e]
+    if errors:
+        raise CheckpointError(errors[0])
     for p in run.network.trainable_params():  # rebuild whole mp slices from the owned parts
         if p.opt_sharded:
             p.data[...] = allgather_axis0(groups.shard, np.ascontiguousarray(p.owned_data))

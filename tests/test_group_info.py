@@ -1,0 +1,118 @@
+"""Group info and the commit helpers, without MPI."""
+import json
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from dsim.checkpoint import CheckpointConfig, CheckpointError, group_info, replica_sets, restore_group_info_list
+from dsim.checkpoint import commit as cm
+from dsim.checkpoint.format import Tensor, read_file, write_file
+from dsim.checkpoint.group_info import write_group_info
+from dsim.parallel.layout import ParallelLayout, Slice
+
+
+def test_seed_example():
+    assert group_info(ParallelLayout(2, 4), 0) == [0, 4]
+    assert group_info(ParallelLayout(2, 4), 7) == [3, 7]
+
+
+def test_optimizer_shard_replicas():
+    layout = ParallelLayout(8, 1, 2)          # shard groups {0,1},{2,3},...: same shard index replicates
+    assert group_info(layout, 1) == [1, 3, 5, 7]
+    assert group_info(ParallelLayout(8, 1, 8), 5) == [5]   # k = dp: no replica
+
+
+@pytest.mark.parametrize("dp,mp,k", [(65536, 1, 1), (1, 65536, 1), (256, 256, 4), (4096, 16, 4096)])
+def test_planning_65536_ranks_is_fast_and_partitions(dp, mp, k):
+    layout = ParallelLayout(dp, mp, k)
+    t0 = time.perf_counter()
+    sets = replica_sets(layout)
+    elapsed = time.perf_counter() - t0
+    flat = [r for s in sets for r in s]
+    assert sorted(flat) == list(range(65536)) and len(sets) == mp * k
+    assert elapsed < 1.0
+    for s in sets[:3] + sets[-3:]:
+        assert group_info(layout, s[-1]) == s
+
+
+def test_group_info_file_round_trip(tmp_path):
+    path = write_group_info(tmp_path / "ckpt_dir{rank}" / "group_info.pb", ParallelLayout(2, 4), 0)
+    assert path == tmp_path / "ckpt_dir0" / "group_info.pb"
+    assert restore_group_info_list(path) == [0, 4]
+    (tmp_path / "junk").write_text("not json")
+    with pytest.raises(CheckpointError, match="not a dsim group info file"):
+        restore_group_info_list(tmp_path / "junk")
+    with pytest.raises(CheckpointError, match="group info file not found"):
+        restore_group_info_list(tmp_path / "none")
+
+
+def test_unique_prefix_and_retention(tmp_path):
+    assert cm.unique_prefix(tmp_path, "lenet") == "lenet"
+    (tmp_path / "lenet-graph.meta").write_text("{}")
+    assert cm.unique_prefix(tmp_path, "lenet") == "lenet_1"
+    (tmp_path / "lenet_1-3_10.commit").write_text("{}")
+    assert cm.unique_prefix(tmp_path, "lenet") == "lenet_2"
+    records = [{"prefix": "a", "name": f"a-{i}_1", "global_step": i, "sequence": i} for i in range(1, 8)]
+    assert [r["name"] for r in cm.to_drop(records, "a", 5)] == ["a-1_1", "a-2_1"]
+    assert cm.to_drop(records, "b", 5) == []
+    assert cm.to_drop(records[:1], "a", 0) == []  # never the newest
+
+
+def test_committed_is_ordered_by_step_not_time(tmp_path):
+    for name, step, seq in [("p-3_1", 30, 1), ("p-1_1", 10, 2), ("q-2_1", 20, 3)]:
+        cm.write_commit(tmp_path, {"name": name, "prefix": name[0], "global_step": step, "sequence": seq})
+    (tmp_path / "p-9_9.commit.tmp").write_text("partial")
+    assert [r["name"] for r in cm.committed(tmp_path)] == ["p-1_1", "q-2_1", "p-3_1"]
+
+
+def _tensors():
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    return [Tensor("params", "layer1.param", (6, 4), Slice((3, 0), (3, 4)), w, "axis0", False)]
+
+
+def test_file_round_trip_and_self_description(tmp_path):
+    path = tmp_path / "rank_0" / "x-1_1.h5"
+    write_file(path, {"epoch": 1, "global_step": 1, "layout": {"data_parallel": 2}}, _tensors(),
+               {"epoch_num": np.int64(1), "lr": np.asarray(0.01)})
+    with h5py.File(path) as f:  # anyone with h5py sees shape, slice and layout
+        ds = f["params/layer1.param"]
+        assert list(ds.attrs["global_shape"]) == [6, 4] and list(ds.attrs["offsets"]) == [3, 0]
+        assert json.loads(f.attrs["layout"]) == {"data_parallel": 2} and f.attrs["format_version"] == 1
+    shard = read_file(path)
+    assert np.array_equal(shard.tensors["layer1.param"].data, _tensors()[0].data)
+    assert shard.append_info == {"epoch_num": 1, "lr": 0.01}
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_corrupt_truncated_and_foreign_files(tmp_path):
+    path = tmp_path / "a.h5"
+    write_file(path, {"epoch": 1}, _tensors(), {})
+    raw = bytearray(path.read_bytes())
+    with h5py.File(path) as f:
+        offset = f["params/layer1.param"].id.get_offset()
+    raw[offset + 5] ^= 0xFF
+    (tmp_path / "flipped.h5").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum mismatch in .*flipped.h5: params/layer1.param"):
+        read_file(tmp_path / "flipped.h5")
+    (tmp_path / "short.h5").write_bytes(path.read_bytes()[:600])
+    with pytest.raises(CheckpointError, match="short.h5: truncated or corrupt HDF5 file"):
+        read_file(tmp_path / "short.h5")
+    (tmp_path / "text.h5").write_text("hello")
+    with pytest.raises(CheckpointError, match="text.h5: not an HDF5 file"):
+        read_file(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = 1
+    with pytest.raises(CheckpointError, match="not a dsim checkpoint"):
+        read_file(tmp_path / "other.h5")
+
+
+def test_checkpoint_config_checks():
+    assert CheckpointConfig().save_checkpoint_steps == 1
+    with pytest.raises(CheckpointError, match="not both"):
+        CheckpointConfig(save_checkpoint_steps=2, save_checkpoint_epochs=1)
+    with pytest.raises(CheckpointError, match="append_info"):
+        CheckpointConfig(append_info=["bogus"])
+    with pytest.raises(CheckpointError, match="keep_checkpoint_max"):
+        CheckpointConfig(keep_checkpoint_max=0)
