@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     try:
         run.train(initial_epoch=initial_epoch)
     except (InjectedFault, CheckpointError) as e:
-        print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
+        if comm.rank == 0 or cfg.fault.rank is not None:  # an all-rank fault is reported once
+            print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
 
