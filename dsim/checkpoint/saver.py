@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import faults
 from ..engine.callbacks import Callback, say
+from ..engine.state import owned_pieces
 from ..parallel.groups import gather_full
 from ..parallel.layout import Slice
 from . import commit as cm
@@ -23,11 +24,10 @@ from .group_info import group_info, replica_sets, write_group_info
 def state_tensors(network, optimizer):
     """This rank's owned slices of parameters and optimizer state, as checkpoint tensors."""
     params = {p.name: p for p in network.trainable_params()}
-    for p in params.values():
-        yield Tensor("params", p.name, p.spec.shape, p.owned, p.owned_data, p.spec.split, p.opt_sharded)
-    for state_name, param_name, arr in optimizer.state_items():
-        p = params[param_name]
-        yield Tensor("optimizer", state_name, p.spec.shape, p.owned, arr, p.spec.split, p.opt_sharded)
+    for name, shape, where, arr in owned_pieces(network, optimizer):
+        kind = "params" if name in params else "optimizer"
+        p = params[name if kind == "params" else name.split(".", 1)[1]]  # state names are <slot>.<param>
+        yield Tensor(kind, name, shape, where, arr, p.spec.split, p.opt_sharded)
 
 
 def resume_meta(cb) -> dict:
