@@ -116,3 +116,17 @@ def test_checkpoint_config_checks():
         CheckpointConfig(append_info=["bogus"])
     with pytest.raises(CheckpointError, match="keep_checkpoint_max"):
         CheckpointConfig(keep_checkpoint_max=0)
+
+
+def test_load_param_into_net_checks_shapes_against_the_built_layout():
+    from dsim.checkpoint import load_param_into_net
+    from dsim.nn import create_network
+    net = create_network("uce_network", [16, 16]).build(ParallelLayout(2, 2), 1, seed=1, dtype=np.float64)
+    full = {p.name: np.full(p.spec.shape, 7.0) for p in net.trainable_params()}
+    load_param_into_net(net, full)  # full tensors are sliced by the layout
+    assert all((p.data == 7.0).all() for p in net.trainable_params())
+    bad = dict(full, **{"layer2.weight": np.zeros((16, 3))})
+    with pytest.raises(CheckpointError, match=r"layer2.weight: checkpoint shape \(16, 3\) matches neither"):
+        load_param_into_net(net, bad)
+    with pytest.raises(CheckpointError, match="missing from the checkpoint: layer3.bias"):
+        load_param_into_net(net, {k: v for k, v in full.items() if k != "layer3.bias"})
