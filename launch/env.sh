@@ -1,4 +1,4 @@
-# Open MPI settings dsim runs with; sourced by launch/*.sh, the Makefile and the venv's activate script,
+# Open MPI settings dsim runs with; sourced by the Makefile and the venv's activate script,
 # so that `mpirun -n 8 python -m dsim.train` works as typed on a small machine, as root or not.
 export OMPI_ALLOW_RUN_AS_ROOT=1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
