@@ -76,14 +76,6 @@ def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
     return out
 
 
-def allgather_last_axis(comm, local: np.ndarray) -> np.ndarray:
-    """Concatenate equal-shaped pieces from every rank along the last axis, in rank order."""
-    if comm.size == 1:
-        return local
-    stacked = allgather_axis0(comm, local[None])
-    return np.concatenate(list(stacked), axis=-1)
-
-
 def _mpi_type(a: np.ndarray):
     return MPI._typedict[a.dtype.char]
 
