@@ -23,7 +23,11 @@ def parse_args(argv=None):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optimizer.name=adam (repeatable)")
     parser.add_argument("--resume", metavar="auto|NAME",
-                        help="continue from the latest committed checkpoint (auto) or a named one, e.g. network-6_60")
+                        help="continue from the newest usable committed checkpoint (auto) or a named one, "
+                             "e.g. network-6_10; a lost or damaged shard is taken from a replica rank")
+    parser.add_argument("--repair", action="store_true",
+                        help="with --resume: also write shards taken from replicas back into the checkpoint "
+                             "directory (a damaged file is kept as <name>.h5.damaged)")
     return parser.parse_args(argv)
 
 
@@ -42,14 +46,17 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from mpi4py import MPI  # after argument parsing so --help works without MPI
 
+    from .checkpoint.recovery import resume
     from .engine import build_run
     comm = MPI.COMM_WORLD
     try:
+        if args.repair and not args.resume:
+            raise ConfigError("--repair needs --resume")
         cfg = load_config(args.config, args.overrides)
         run = build_run(cfg, comm)
         if comm.rank == 0:
             print(describe(run), flush=True)
-        initial_epoch = resume(run, args.resume) if args.resume else 0
+        initial_epoch = resume(run, args.resume, args.repair) if args.resume else 0
     except USER_ERRORS as e:
         if comm.rank == 0:
             print(f"dsim: error: {e}", file=sys.stderr)
@@ -61,34 +68,6 @@ def main(argv=None) -> int:
             print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
-
-
-def resume(run, which: str) -> int:
-    """Restore every rank from a committed checkpoint; all ranks agree on success first. Returns initial_epoch."""
-    from .checkpoint import loader
-    from .checkpoint.commit import committed
-    comm, directory = run.groups.world, run.checkpoint_dir
-    error, path = None, None
-    try:
-        if which == "auto":
-            record = loader.latest_committed(directory)
-        else:
-            matches = [r for r in committed(directory) if r["name"] == which] if directory.is_dir() else []
-            if not matches:
-                raise CheckpointError(f"no committed checkpoint named {which} in {directory}")
-            record = matches[-1]
-        path = loader.file_for(directory, record, comm.rank)
-    except CheckpointError as e:
-        error = str(e)
-    errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise CheckpointError(errors[0])
-    loader.restore(run, path)
-    step = run.loader.init_step
-    if comm.rank == 0:
-        epoch, in_epoch = run.loader.position(step)
-        print(f"dsim: resumed from {path} (global step {step}: epoch {epoch + 1} step {in_epoch})", flush=True)
-    return step // run.loader.get_dataset_size()
 
 
 if __name__ == "__main__":

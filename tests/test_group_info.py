@@ -130,3 +130,15 @@ def test_load_param_into_net_checks_shapes_against_the_built_layout():
         load_param_into_net(net, bad)
     with pytest.raises(CheckpointError, match="missing from the checkpoint: layer3.bias"):
         load_param_into_net(net, {k: v for k, v in full.items() if k != "layer3.bias"})
+
+
+def test_plan_repair_pairs_each_broken_rank_with_a_healthy_replica():
+    from dsim.checkpoint.recovery import plan_repair
+    sets = replica_sets(ParallelLayout(4, 2, 1))  # [[0, 2, 4, 6], [1, 3, 5, 7]]
+    plan = plan_repair({0, 2, 5}, sets)
+    assert plan.donors == {0: 4, 2: 6, 5: 1} and plan.lost == {}  # round robin over the healthy ones
+    plan = plan_repair({1, 3, 5, 7, 0}, sets)
+    assert plan.donors == {0: 2} and plan.lost == {r: [1, 3, 5, 7] for r in (1, 3, 5, 7)}
+    assert plan_repair(set(), sets).donors == {}
+    no_replica = replica_sets(ParallelLayout(2, 4, 2))  # k = dp: every set is a single rank
+    assert plan_repair({3}, no_replica).lost == {3: [3]}

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from ..parallel.groups import allgather_axis0
+from ..parallel.layout import Slice
 from . import commit as cm
 from .errors import CheckpointError
 from .format import read_file
@@ -16,6 +17,7 @@ class ParamDict(dict):
 
     meta: dict = {}
     slices: dict = {}
+    path = None
 
 
 def load_checkpoint(path, verify: bool = True) -> ParamDict:
@@ -24,25 +26,36 @@ def load_checkpoint(path, verify: bool = True) -> ParamDict:
     Keys: parameter names (`layer2.weight`), optimizer state (`moment1.layer2.weight`), `global_step`,
     `learning_rate`, and the append_info values (`epoch_num`, `step_num`, user keys).
     """
-    shard = read_file(path, verify=verify)
+    return param_dict_of(read_file(path, verify=verify))
+
+
+def param_dict_of(shard) -> ParamDict:
+    """The ParamDict of a checkpoint file already read (format.Shard)."""
     out = ParamDict({name: t.data for name, t in shard.tensors.items()})
     out["global_step"] = np.array(shard.meta["global_step"])
     out["learning_rate"] = np.array(shard.meta["optimizer"]["learning_rate"])
     out.update({k: np.asarray(v) for k, v in shard.append_info.items()})
-    out.meta = shard.meta
+    out.meta, out.path = shard.meta, shard.path
     out.slices = {name: t.where for name, t in shard.tensors.items()}
     return out
 
 
-def _assign(name, target_owned, target_global_index, value, owned_extents, global_shape):
-    """Place value (a full tensor or exactly the owned slice) into target_owned; else raise naming the shapes."""
-    if value.shape == tuple(owned_extents):
+def _assign(name, target_owned, owned, value, global_shape, saved_slice=None):
+    """Place value (a full tensor or exactly the owned slice) into target_owned; else raise naming the difference.
+
+    saved_slice, when the file says where its slice sits in the global tensor, must be the owned slice.
+    """
+    full = Slice((0,) * len(global_shape), tuple(global_shape))
+    if saved_slice is not None and saved_slice not in (owned, full):
+        raise CheckpointError(f"{name}: checkpoint holds the slice at offsets {saved_slice.offsets} extents "
+                              f"{saved_slice.extents}, this rank needs offsets {owned.offsets} extents {owned.extents}")
+    if value.shape == tuple(owned.extents):
         target_owned[...] = value
     elif value.shape == tuple(global_shape):
-        target_owned[...] = value[target_global_index]
+        target_owned[...] = value[owned.index]
     else:
         raise CheckpointError(f"{name}: checkpoint shape {value.shape} matches neither this rank's slice "
-                              f"{tuple(owned_extents)} nor the global shape {tuple(global_shape)} of the built layout")
+                              f"{tuple(owned.extents)} nor the global shape {tuple(global_shape)} of the built layout")
 
 
 def load_param_into_net(net, param_dict) -> list:
@@ -55,8 +68,12 @@ def load_param_into_net(net, param_dict) -> list:
     if missing:
         raise CheckpointError(f"parameters missing from the checkpoint: {', '.join(missing)}")
     for p in net.trainable_params():
-        _assign(p.name, p.owned_data, p.owned.index, np.asarray(param_dict[p.name]), p.owned.extents, p.spec.shape)
+        _assign(p.name, p.owned_data, p.owned, np.asarray(param_dict[p.name]), p.spec.shape, _where(param_dict, p.name))
     return []
+
+
+def _where(param_dict, name):
+    return getattr(param_dict, "slices", {}).get(name)
 
 
 def load_optimizer_state(optimizer, param_dict) -> None:
@@ -66,7 +83,8 @@ def load_optimizer_state(optimizer, param_dict) -> None:
         if state_name not in param_dict:
             raise CheckpointError(f"optimizer state missing from the checkpoint: {state_name}")
         p = params[param_name]
-        _assign(state_name, arr, p.owned.index, np.asarray(param_dict[state_name]), p.owned.extents, p.spec.shape)
+        _assign(state_name, arr, p.owned, np.asarray(param_dict[state_name]), p.spec.shape,
+                _where(param_dict, state_name))
     optimizer.global_step = int(param_dict.meta["optimizer"]["global_step"])
 
 
@@ -103,15 +121,28 @@ def restore(run, path) -> ParamDict:
     Collective: every rank reads its own file, then all agree before any rank goes on, so one bad file
     is one error on every rank rather than a hang.
     """
-    groups = run.groups
     error, param_dict = None, None
     try:
         param_dict = load_checkpoint(path)
-        check_compatible(param_dict.meta, groups.layout, groups.world.size, path)
-        load_param_into_net(run.network, param_dict)
-        load_optimizer_state(run.optimizer, param_dict)
     except CheckpointError as e:
         error = str(e)
+    return load_into(run, param_dict, error)
+
+
+def load_into(run, param_dict, error=None) -> ParamDict:
+    """Put a read checkpoint into a built run (collective; any rank's error, given or found, raises on all).
+
+    Checks the layout and every slice against the built model first (one clear error naming the
+    difference), then restores parameters, optimizer state, step counter and data position.
+    """
+    groups = run.groups
+    if error is None:
+        try:
+            check_compatible(param_dict.meta, groups.layout, groups.world.size, param_dict.path)
+            load_param_into_net(run.network, param_dict)
+            load_optimizer_state(run.optimizer, param_dict)
+        except CheckpointError as e:
+            error = str(e)
     errors = [e for e in groups.world.allgather(error) if e]
     if errors:
         raise CheckpointError(errors[0])

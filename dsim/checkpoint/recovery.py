@@ -1,0 +1,200 @@
+"""Recovery: resume from the newest usable committed checkpoint, repairing lost or damaged shards from replicas.
+
+Collective on every rank. Each decision is agreed (bcast or allgather) before any rank acts on it, so a
+bad file gives the same message on every rank and never a hang.
+
+1. candidates: the committed checkpoints, newest first by global step (never by file time), or the one named;
+2. the checkpoint must have been saved with the built run's layout and world size (else one clear error);
+3. every rank reads and verifies its own file: it exists, is HDF5, every checksum matches, and it holds
+   this rank's shard of the committed step;
+4. a rank whose file is lost or damaged receives the shard from a healthy rank of its group info (MPI point
+   to point). With repair=True it also writes the shard back in place, keeping the damaged file as
+   `<name>.h5.damaged`. When some rank has no healthy replica, the next older checkpoint is tried;
+5. the shard is loaded into the built model; step counter, schedule and data position follow from its step.
+Nothing is ever deleted.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ..engine.callbacks import say
+from ..parallel.layout import ParallelLayout
+from . import commit as cm
+from .errors import CheckpointError
+from .format import read_file, write_file
+from .group_info import group_info, replica_sets, write_group_info
+from .loader import check_compatible, file_for, load_into, param_dict_of
+
+TAG = 0x5EED
+
+
+@dataclass
+class RepairPlan:
+    """Who receives its shard from whom, and which ranks' slices no healthy rank holds."""
+
+    donors: dict    # broken rank -> the healthy replica that sends it the shard
+    lost: dict      # broken rank -> its replica set, when no member is healthy
+
+
+def plan_repair(broken: Iterable[int], sets: Iterable[Iterable[int]]) -> RepairPlan:
+    """Pair every broken rank with a healthy member of its replica set, spreading the sends round robin."""
+    broken = set(broken)
+    donors, lost = {}, {}
+    for group in sets:
+        group = list(group)
+        healthy = [r for r in group if r not in broken]
+        for i, r in enumerate(r for r in group if r in broken):
+            if healthy:
+                donors[r] = healthy[i % len(healthy)]
+            else:
+                lost[r] = group
+    return RepairPlan(donors, lost)
+
+
+def candidates(directory, which: str = "auto") -> list[dict]:
+    """Commit records to try, newest first: all of them for "auto", else the one named."""
+    records = cm.committed(directory) if Path(directory).is_dir() else []
+    if which == "auto":
+        if not records:
+            raise CheckpointError(f"no committed checkpoint in {directory}")
+        return records[::-1]
+    matches = [r for r in records if r["name"] == which]
+    if not matches:
+        raise CheckpointError(f"no committed checkpoint named {which} in {directory}")
+    return matches[-1:]
+
+
+def read_own(directory, record: dict, rank: int):
+    """(shard, None) when rank's file of the committed checkpoint is whole and really rank's; else (None, why)."""
+    path = file_for(directory, record, rank)
+    try:
+        shard = read_file(path, verify=True)
+    except CheckpointError as e:
+        return None, str(e)
+    meta = shard.meta
+    if meta.get("global_step") != record["global_step"]:
+        return None, f"{path} holds global step {meta.get('global_step')}, its commit record says {record['global_step']}"
+    if not record["integrated_save"] and meta.get("rank") != rank:
+        return None, f"{path} holds rank {meta.get('rank')}'s shard"
+    return shard, None
+
+
+def exchange(comm, donors: dict, shard):
+    """Each donor sends its shard to the ranks it repairs; returns the shard this rank should load."""
+    for r, donor in sorted(donors.items()):
+        if comm.rank == donor:
+            comm.send(shard, dest=r, tag=TAG)
+    if comm.rank in donors:
+        shard = comm.recv(source=donors[comm.rank], tag=TAG)
+    return shard
+
+
+def _free_name(path: Path) -> Path:
+    if not (path.exists() or path.is_symlink()):
+        return path
+    n = 1
+    while Path(f"{path}.{n}").exists():
+        n += 1
+    return Path(f"{path}.{n}")
+
+
+def repair_file(directory, record: dict, rank: int, layout: ParallelLayout, shard) -> tuple:
+    """Write a replica's shard as rank's file (its own rank and group info in the attributes).
+
+    A damaged file in the way is renamed to `<name>.h5.damaged`, never deleted. Returns (path, kept).
+    """
+    path = file_for(directory, record, rank)
+    kept = None
+    if path.exists() or path.is_symlink():
+        kept = _free_name(path.with_name(path.name + ".damaged"))
+        os.replace(path, kept)
+    meta = {k: v for k, v in shard.meta.items() if k not in ("format", "format_version")}
+    meta.update(rank=rank, group_info=group_info(layout, rank))
+    write_file(path, meta, shard.tensors.values(), shard.append_info)
+    info = cm.rank_dir(directory, rank) / "group_info.json"
+    if not info.exists():
+        write_group_info(info, layout, rank)
+    return path, kept
+
+
+def recover(run, which: str = "auto", repair: bool = False, log=say):
+    """Load the newest usable committed checkpoint into a built run; returns (record, param_dict).
+
+    Collective. Raises CheckpointError (the same on every rank) when no candidate is usable.
+    """
+    comm, directory, layout = run.groups.world, run.checkpoint_dir, run.groups.layout
+    rank = comm.rank
+    t0 = time.perf_counter()
+    records, error = None, None
+    if rank == 0:
+        try:
+            records = candidates(directory, which)
+        except CheckpointError as e:
+            error = str(e)
+    records, error = comm.bcast((records, error), root=0)
+    if error:
+        raise CheckpointError(error)
+    tried = []
+    for i, record in enumerate(records):
+        check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
+        shard, error = read_own(directory, record, rank)
+        broken = {r: e for r, e in enumerate(comm.allgather(error)) if e}
+        sets = [range(comm.size)] if record["integrated_save"] else replica_sets(ParallelLayout(**record["layout"]))
+        plan = plan_repair(broken, sets)
+        if plan.lost:
+            reason = "; ".join(f"{broken[r]}, and no other rank holds rank {r}'s slices (group info {g})"
+                               for r, g in sorted(plan.lost.items()))
+            tried.append(f"{record['name']}: {reason}")
+            if rank == 0:
+                after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
+                         if i + 1 < len(records) else "")
+                log(f"dsim: recovery: checkpoint {record['name']} is not usable: {reason}{after}")
+            continue
+        if rank == 0:
+            for r, donor in sorted(plan.donors.items()):
+                log(f"dsim: recovery: rank {r}: {broken[r]}; using the replica on rank {donor} "
+                    f"(group info {layout.replica_group(r)})")
+        shard = exchange(comm, plan.donors, shard)
+        if repair and plan.donors:
+            _repair_all(comm, directory, record, layout, plan, shard, log)
+        param_dict = load_into(run, param_dict_of(shard))
+        if rank == 0 and plan.donors:
+            log(f"dsim: recovery: {len(plan.donors)} shard(s) of {record['name']} taken from replicas, "
+                f"loaded in {1000 * (time.perf_counter() - t0):.0f} ms")
+        return record, param_dict
+    raise CheckpointError(f"no usable committed checkpoint in {directory} (tried {'; '.join(tried)})")
+
+
+def _repair_all(comm, directory, record, layout, plan, shard, log):
+    """Every repaired rank writes its file back; all agree on the outcome."""
+    done, error = None, None
+    if comm.rank in plan.donors:
+        try:
+            done = repair_file(directory, record, comm.rank, layout, shard)
+        except (OSError, CheckpointError) as e:
+            error = f"rank {comm.rank}: cannot repair {file_for(directory, record, comm.rank)}: {e}"
+    results = comm.allgather((done, error))
+    errors = [e for _, e in results if e]
+    if errors:
+        raise CheckpointError(errors[0])
+    if comm.rank == 0:
+        for r, (done, _) in enumerate(results):
+            if done:
+                path, kept = done
+                log(f"dsim: recovery: repaired {path} from rank {plan.donors[r]}'s shard"
+                    + (f" (the damaged file is kept as {kept.name})" if kept else ""))
+
+
+def resume(run, which: str = "auto", repair: bool = False) -> int:
+    """Restore every rank for `--resume`; returns initial_epoch (the data position may be mid-epoch)."""
+    record, _ = recover(run, which, repair)
+    step = run.loader.init_step
+    if run.groups.world.rank == 0:
+        epoch, in_epoch = run.loader.position(step)
+        say(f"dsim: resumed from {file_for(run.checkpoint_dir, record, 0)} "
+            f"(global step {step}: epoch {epoch + 1} step {in_epoch})")
+    return step // run.loader.get_dataset_size()

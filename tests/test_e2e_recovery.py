@@ -1,0 +1,153 @@
+"""Recovery end to end under mpirun -n 8: kill a rank, lose or corrupt shards, fall back, resume exactly.
+
+The job: dp2 x mp4 (every shard has a replica), Adam, 3 epochs of 10 steps, a checkpoint every 7 steps
+(so the newest one before a kill at step 17 is network-2_4: mid-epoch, global step 14).
+"""
+import re
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import mpirun
+from dsim.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.e2e
+RUN = ["-m", "dsim.train", "--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=320",
+       "--set", "train.epochs=3", "--set", "output.loss_every=1", "--set", "optimizer.name=adam",
+       "--set", "optimizer.learning_rate=0.002", "--set", "checkpoint.save_checkpoint_steps=7",
+       "--set", "checkpoint.save_checkpoint_epochs=null", "--set", "output.dir=run"]
+KILL = ["--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.step=17"]
+LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
+RESUMED = "resumed from run/checkpoints/rank_0/network-2_4.h5 (global step 14: epoch 2 step 4)"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run: its loss lines and its checkpoint directory."""
+    d = tmp_path_factory.mktemp("reference")
+    proc = mpirun(8, RUN, cwd=d, check=0)
+    losses = LOSS.findall(proc.stdout)
+    assert len(losses) == 30
+    return losses, d / "run" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A job whose rank 3 was SIGKILLed after step 17 (committed: steps 7 and 14)."""
+    d = tmp_path_factory.mktemp("killed")
+    proc = mpirun(8, [*RUN, *KILL], cwd=d, timeout=120)
+    assert proc.returncode != 0 and "killing rank 3 (SIGKILL) at step 17" in proc.stdout
+    ckpt = d / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_7.commit", "network-2_4.commit"]
+    return d
+
+
+def job_copy(killed, tmp_path):
+    shutil.copytree(killed, tmp_path / "job")
+    return tmp_path / "job", tmp_path / "job" / "run" / "checkpoints"
+
+
+def assert_same_final_state(ref_ckpt, ckpt):
+    for rank in range(8):
+        a = load_checkpoint(ref_ckpt / f"rank_{rank}" / "network-3_10.h5")
+        b = load_checkpoint(ckpt / f"rank_{rank}" / "network_1-3_10.h5")
+        assert len(a.slices) == 27 and set(a.slices) == set(b.slices)  # 9 params, 18 Adam moments
+        for name in a.slices:
+            assert np.array_equal(a[name], b[name]), (rank, name)
+
+
+def assert_resumed_exactly(reference, proc, ckpt):
+    ref_losses, ref_ckpt = reference
+    assert RESUMED in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[14:]  # steps 15..30, bit for bit
+    assert_same_final_state(ref_ckpt, ckpt)
+
+
+def test_kill_rank_3_then_recover_is_bit_identical(reference, killed, tmp_path):
+    job, ckpt = job_copy(killed, tmp_path)
+    proc = mpirun(8, [*RUN, "--resume", "auto"], cwd=job, check=0)
+    assert "dsim: recovery:" not in proc.stdout  # every shard was whole
+    assert_resumed_exactly(reference, proc, ckpt)
+
+
+def flip_one_byte(path):
+    """Flip one byte inside a tensor's data (not the HDF5 metadata), as a bad disk block would."""
+    with h5py.File(path, "r") as f:
+        ds = f["params"][sorted(f["params"])[0]]
+        offset = ds.id.get_offset() + ds.nbytes // 2
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("rank,donor,damage,repair", [
+    (0, 4, "delete", False),
+    (0, 4, "delete", True),
+    (5, 1, "flip", True),
+])
+def test_lost_or_corrupt_shard_is_taken_from_its_replica(reference, killed, tmp_path, rank, donor, damage, repair):
+    job, ckpt = job_copy(killed, tmp_path)
+    shard = ckpt / f"rank_{rank}" / "network-2_4.h5"
+    shard.unlink() if damage == "delete" else flip_one_byte(shard)
+    proc = mpirun(8, [*RUN, "--resume", "auto", *(["--repair"] if repair else [])], cwd=job, check=0)
+    why = "checkpoint file not found" if damage == "delete" else "checksum mismatch"
+    assert (f"dsim: recovery: rank {rank}: {why}" in proc.stdout and
+            f"using the replica on rank {donor} (group info {sorted([rank, donor])})" in proc.stdout), proc.stdout
+    assert_resumed_exactly(reference, proc, ckpt)
+    if not repair:
+        assert not shard.exists()  # without --repair the directory is left as it was
+        return
+    assert f"dsim: recovery: repaired run/checkpoints/rank_{rank}/network-2_4.h5 from rank {donor}'s shard" in proc.stdout
+    for r in range(8):  # the directory verifies clean: every file whole, each really its rank's
+        p = load_checkpoint(ckpt / f"rank_{r}" / "network-2_4.h5", verify=True)
+        assert p.meta["rank"] == r and int(p["global_step"]) == 14
+    replica = load_checkpoint(ckpt / f"rank_{donor}" / "network-2_4.h5")
+    repaired = load_checkpoint(shard)
+    assert repaired.meta["rank"] == rank and repaired.meta["group_info"] == sorted([rank, donor])
+    assert all(np.array_equal(repaired[n], replica[n]) for n in replica.slices)
+    kept = shard.with_name("network-2_4.h5.damaged")
+    assert kept.exists() == (damage == "flip")  # a damaged file is kept aside, never deleted
+
+
+NO_REPLICA = [*RUN, "--set", "parallel.optimizer_shard=2"]  # k = dp: every rank's slices are unique
+
+
+def test_no_replica_falls_back_to_the_previous_checkpoint(tmp_path):
+    first = mpirun(8, [*NO_REPLICA, "--set", "train.epochs=2"], cwd=tmp_path, check=0)
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == [
+        "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]
+    (ckpt / "rank_3" / "network-2_10.h5").unlink()
+    proc = mpirun(8, [*NO_REPLICA, "--resume", "auto"], cwd=tmp_path, check=0)
+    assert ("dsim: recovery: checkpoint network-2_10 is not usable: checkpoint file not found: "
+            "run/checkpoints/rank_3/network-2_10.h5, and no other rank holds rank 3's slices (group info [3]); "
+            "falling back to the previous committed checkpoint network-2_4") in proc.stdout, proc.stdout
+    assert RESUMED in proc.stdout
+    # steps 15..20 repeat the first run's exactly, then training goes on to step 30
+    losses = LOSS.findall(proc.stdout)
+    assert losses[:6] == LOSS.findall(first.stdout)[14:] and len(losses) == 16
+    assert (ckpt / "network-2_10.commit").exists() and (ckpt / "rank_4" / "network-2_10.h5").exists()  # kept
+
+
+def test_no_usable_checkpoint_and_other_layout_are_one_clear_line(tmp_path):
+    mpirun(8, [*NO_REPLICA, "--set", "train.epochs=1"], cwd=tmp_path, check=0)
+    ckpt = tmp_path / "run" / "checkpoints"
+    other = mpirun(8, [*RUN, "--set", "parallel.model_parallel=2", "--resume", "auto"], cwd=tmp_path, timeout=120)
+    errors = [line for line in other.stderr.splitlines() if line.startswith("dsim: error:")]
+    assert other.returncode == 2 and errors == [
+        "dsim: error: run/checkpoints/network-1_10.commit was saved with data_parallel=2, "
+        "this run has data_parallel=4"], other.stderr
+    for name in ("network-1_7", "network-1_10"):
+        flip_one_byte(ckpt / "rank_6" / f"{name}.h5")
+    proc = mpirun(8, [*NO_REPLICA, "--resume", "auto"], cwd=tmp_path, timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("dsim: error: no usable committed checkpoint in run/checkpoints (tried network-1_10: "
+                                "checksum mismatch in run/checkpoints/rank_6/network-1_10.h5")
+    assert "network-1_7: checksum mismatch in run/checkpoints/rank_6/network-1_7.h5" in errors[0]
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_10.commit", "network-1_7.commit"]
+    assert len(list(ckpt.glob("rank_*/network-1_*.h5"))) == 16 and not list(ckpt.glob("rank_*/*.damaged"))
