@@ -44,15 +44,25 @@ def launch_env():
 
 def mpirun(n, args, cwd, timeout=180, check=None):
     """Run `mpirun -n N python -m ...args` in cwd; returns CompletedProcess (stdout+stderr text)."""
-    cmd = [str(BIN / "mpirun"), "-n", str(n), sys.executable, *args]
-    with subprocess.Popen(cmd, cwd=cwd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as p:
+    return run_command([str(BIN / "mpirun"), "-n", str(n), sys.executable, *args], cwd, timeout, check)
+
+
+def launch(script, args, cwd, timeout=180, check=None):
+    """Run one of launch/*.sh as a user would, with this test's Python environment."""
+    return run_command(["bash", str(ROOT / "launch" / script), *args], cwd, timeout, check,
+                       {"VIRTUAL_ENV": sys.prefix})
+
+
+def run_command(cmd, cwd, timeout, check, env=None):
+    """Run cmd in its own process group; on timeout kill the group (mpirun and every rank) and fail."""
+    with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)  # mpirun and every rank it started: nothing outlives a test
+            os.killpg(p.pid, signal.SIGKILL)  # nothing outlives a test
             out, err = p.communicate()
-            raise AssertionError(f"mpirun timed out after {timeout} s: {' '.join(args)}\n{out[-3000:]}\n{err[-3000:]}")
+            raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
     proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import mpirun
+from conftest import ROOT, launch, mpirun
 from dsim.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -151,3 +151,18 @@ def test_no_usable_checkpoint_and_other_layout_are_one_clear_line(tmp_path):
     assert "network-1_7: checksum mismatch in run/checkpoints/rank_6/network-1_7.h5" in errors[0]
     assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_10.commit", "network-1_7.commit"]
     assert len(list(ckpt.glob("rank_*/network-1_*.h5"))) == 16 and not list(ckpt.glob("rank_*/*.damaged"))
+
+
+def test_launch_scripts_save_then_recover(reference, tmp_path):
+    """The seed's two scripts: train with sharded saves until rank 3 is killed, then recover and go on."""
+    opts = [a for a in RUN if a not in ("-m", "dsim.train")]
+    config = str(ROOT / "configs" / "default.yaml")
+    crash = launch("run_parallel_save_ckpt.sh", [config, "ckpt", *opts, *KILL], cwd=tmp_path, timeout=120)
+    assert crash.returncode != 0 and "killing rank 3" in crash.stdout
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.commit")) == ["network-1_7.commit", "network-2_4.commit"]
+    (tmp_path / "ckpt" / "rank_0" / "network-2_4.h5").unlink()
+    proc = launch("run_parallel_recover_ckpt.sh", [config, "ckpt", "--repair", *opts], cwd=tmp_path,
+                  check=0)
+    assert "dsim: resumed from ckpt/rank_0/network-2_4.h5 (global step 14: epoch 2 step 4)" in proc.stdout
+    assert "using the replica on rank 4" in proc.stdout and "repaired ckpt/rank_0/network-2_4.h5" in proc.stdout
+    assert LOSS.findall(proc.stdout) == reference[0][14:]  # the loss continues exactly where it stopped

@@ -132,6 +132,21 @@ def test_load_param_into_net_checks_shapes_against_the_built_layout():
         load_param_into_net(net, {k: v for k, v in full.items() if k != "layer3.bias"})
 
 
+def test_load_param_into_net_checks_where_a_slice_sits():
+    """Rank 0's slices have rank 1's shapes; the offsets stored with them tell them apart."""
+    from dsim.checkpoint import load_param_into_net
+    from dsim.checkpoint.loader import ParamDict
+    from dsim.nn import create_network
+    nets = [create_network("uce_network", [16, 16]).build(ParallelLayout(1, 2), r, seed=1, dtype=np.float64)
+            for r in (0, 1)]
+    saved = ParamDict({p.name: p.owned_data.copy() for p in nets[0].trainable_params()})
+    saved.slices = {p.name: p.owned for p in nets[0].trainable_params()}
+    load_param_into_net(nets[0], saved)
+    with pytest.raises(CheckpointError, match=r"layer1.param: checkpoint holds the slice at offsets \(0, 0\) "
+                                              r"extents \(784, 8\), this rank needs offsets \(0, 8\)"):
+        load_param_into_net(nets[1], saved)
+
+
 def test_plan_repair_pairs_each_broken_rank_with_a_healthy_replica():
     from dsim.checkpoint.recovery import plan_repair
     sets = replica_sets(ParallelLayout(4, 2, 1))  # [[0, 2, 4, 6], [1, 3, 5, 7]]

@@ -1,0 +1,28 @@
+# Shared by the launch scripts: the project's environment, and `dsim_mpirun ARGS...`.
+#   CONFIG     first argument (default configs/default.yaml)
+#   CKPT_DIR   second argument (default: the config's checkpoint.directory, else output.dir/checkpoints)
+#   RANK_SIZE  number of ranks (default 8), as in MindSpore's launch scripts
+# Arguments after those (e.g. --set KEY=VALUE, --repair) go to `python -m dsim.train`.
+DSIM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$DSIM_ROOT/launch/env.sh"
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+    # outside an activated environment: the project's own .venv, created on first use
+    [ -f "$DSIM_ROOT/.venv/.installed" ] || make -s -C "$DSIM_ROOT" venv >&2
+    export PATH="$DSIM_ROOT/.venv/bin:$PATH"
+fi
+
+CONFIG=$DSIM_ROOT/configs/default.yaml
+CKPT_DIR=
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then CONFIG=$1; shift; fi
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then CKPT_DIR=$1; shift; fi
+if [ ! -f "$CONFIG" ]; then
+    echo "dsim: error: config file not found: $CONFIG" >&2
+    exit 2
+fi
+DSIM_ARGS=(--config "$CONFIG" --set checkpoint.integrated_save=false)
+[ -z "$CKPT_DIR" ] || DSIM_ARGS+=(--set "checkpoint.directory=$CKPT_DIR")
+
+dsim_mpirun() {
+    echo "+ mpirun -n ${RANK_SIZE:-8} python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
+    exec mpirun -n "${RANK_SIZE:-8}" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
+}
