@@ -88,12 +88,22 @@ def load_optimizer_state(optimizer, param_dict) -> None:
     optimizer.global_step = int(param_dict.meta["optimizer"]["global_step"])
 
 
-def latest_committed(directory) -> dict:
-    """The newest committed checkpoint's record in directory, by global step (never by file time)."""
+def candidates(directory, which: str = "auto") -> list[dict]:
+    """Commit records to try, newest first by global step (never by file time): all for "auto", else the one named."""
     records = cm.committed(directory) if Path(directory).is_dir() else []
-    if not records:
-        raise CheckpointError(f"no committed checkpoint in {directory}")
-    return records[-1]
+    if which == "auto":
+        if not records:
+            raise CheckpointError(f"no committed checkpoint in {directory}")
+        return records[::-1]
+    matches = [r for r in records if r["name"] == which]
+    if not matches:
+        raise CheckpointError(f"no committed checkpoint named {which} in {directory}")
+    return matches[-1:]
+
+
+def latest_committed(directory) -> dict:
+    """The newest committed checkpoint's record in directory."""
+    return candidates(directory)[0]
 
 
 def file_for(directory, record: dict, rank: int) -> Path:

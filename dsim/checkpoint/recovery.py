@@ -27,7 +27,7 @@ from . import commit as cm
 from .errors import CheckpointError
 from .format import read_file, write_file
 from .group_info import group_info, replica_sets, write_group_info
-from .loader import check_compatible, file_for, load_into, param_dict_of
+from .loader import candidates, check_compatible, file_for, load_into, param_dict_of
 
 TAG = 0x5EED
 
@@ -53,19 +53,6 @@ def plan_repair(broken: Iterable[int], sets: Iterable[Iterable[int]]) -> RepairP
             else:
                 lost[r] = group
     return RepairPlan(donors, lost)
-
-
-def candidates(directory, which: str = "auto") -> list[dict]:
-    """Commit records to try, newest first: all of them for "auto", else the one named."""
-    records = cm.committed(directory) if Path(directory).is_dir() else []
-    if which == "auto":
-        if not records:
-            raise CheckpointError(f"no committed checkpoint in {directory}")
-        return records[::-1]
-    matches = [r for r in records if r["name"] == which]
-    if not matches:
-        raise CheckpointError(f"no committed checkpoint named {which} in {directory}")
-    return matches[-1:]
 
 
 def read_own(directory, record: dict, rank: int):
@@ -143,7 +130,7 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
         check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
         shard, error = read_own(directory, record, rank)
         broken = {r: e for r, e in enumerate(comm.allgather(error)) if e}
-        sets = [range(comm.size)] if record["integrated_save"] else replica_sets(ParallelLayout(**record["layout"]))
+        sets = [range(comm.size)] if record["integrated_save"] else replica_sets(layout)  # layout checked above
         plan = plan_repair(broken, sets)
         if plan.lost:
             reason = "; ".join(f"{broken[r]}, and no other rank holds rank {r}'s slices (group info {g})"
