@@ -99,23 +99,44 @@ class ProgressBar(Callback):
     end = epoch_end
 
 
+_metrics = None  # the MetricsLog of this process's running training, the target of event()
+
+
+def event(name: str, any_rank: bool = False, **fields) -> None:
+    """Record an event (fault, resume, repair, last_gasp_saved, ...) in the running job's metrics.jsonl.
+
+    Rank 0 writes; with any_rank=True the calling rank writes too (e.g. a survivor when rank 0 is dead).
+    Outside training (no MetricsLog running) this does nothing.
+    """
+    if _metrics is not None:
+        _metrics.log(name, any_rank=any_rank, **fields)
+
+
 class MetricsLog(Callback):
     """Rank 0 appends JSON lines (events and per-step metrics) to a file; runs append, never truncate."""
 
     def __init__(self, path):
         self.path = Path(path)
         self._file = None
+        self.rank = None
 
-    def log(self, event: str, **fields) -> None:
+    def log(self, event: str, any_rank: bool = False, **fields) -> None:
+        if self._file is None and any_rank:
+            self._open()
         if self._file is not None:
-            self._file.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+            self._file.write(json.dumps({"event": event, "time": time.time(), "rank": self.rank, **fields}) + "\n")
             self._file.flush()
 
+    def _open(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")
+
     def begin(self, run_context):
+        global _metrics
         cb = run_context.original_args()
+        self.rank, _metrics = cb.rank, self
         if cb.rank == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a")
+            self._open()
             self.log("train_begin", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num,
                      world_size=cb.world_size, layout=cb.layout)
 
@@ -125,8 +146,10 @@ class MetricsLog(Callback):
                  loss=float(cb.net_outputs), lr=cb.lr)
 
     def end(self, run_context):
+        global _metrics
         cb = run_context.original_args()
         self.log("train_end", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num)
+        _metrics = None
         if self._file is not None:
             self._file.close()
             self._file = None
