@@ -10,6 +10,8 @@ from `seed`.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +92,16 @@ class FaultConfig:
     rank: Optional[int] = None               # null: every rank
     step: Optional[int] = None               # global step (1-based)
     epoch: Optional[int] = None              # with at: epoch_end
-    at: str = "step_end"                     # step_end | epoch_end | save | commit
+    at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
+
+
+@dataclass
+class TFTConfig:
+    """Fault tolerance (MindSpore's MS_ENABLE_TFT='{TTP:1,UCE:1,ARF:1}' sets the same switches)."""
+    ttp: bool = False                        # last-gasp checkpoint from the survivors when a rank dies
+    uce: bool = False                        # repair a rank's memory error in the job from a replica (implies ttp)
+    arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
+    ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
 
 
 @dataclass
@@ -112,6 +123,7 @@ class Config:
     output: OutputConfig = field(default_factory=OutputConfig)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    tft: TFTConfig = field(default_factory=TFTConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -186,8 +198,22 @@ def load_config(path=None, overrides=()) -> Config:
             raise ConfigError(f"config: override {item!r} must look like key.sub=value")
         _set_dotted(data, key.strip(), yaml.safe_load(raw))
     cfg = _from_dict(Config, data)
+    apply_tft_env(cfg.tft, os.environ.get("MS_ENABLE_TFT"))
     validate(cfg)
     return cfg
+
+
+def apply_tft_env(tft: TFTConfig, value) -> None:
+    """Switches from MindSpore's MS_ENABLE_TFT, e.g. '{TTP:1}' or '{UCE:1 TTP:1}' (UCE and ARF imply TTP)."""
+    if value:
+        pairs = re.findall(r"([A-Za-z]+)\s*:\s*([01])", value)
+        known = {"TTP", "UCE", "ARF"}
+        if not pairs or any(k.upper() not in known for k, _ in pairs):
+            raise ConfigError(f"MS_ENABLE_TFT={value!r}: expected e.g. '{{TTP:1,UCE:1,ARF:1}}'")
+        for k, v in pairs:
+            setattr(tft, k.lower(), v == "1")
+    if tft.uce or tft.arf:
+        tft.ttp = True
 
 
 def validate(cfg: Config) -> None:
@@ -204,8 +230,9 @@ def validate(cfg: Config) -> None:
     f = cfg.fault
     if f.kind not in (None, "exception", "kill"):
         raise ConfigError(f"config: fault.kind must be exception or kill, got {f.kind!r}")
-    if f.at not in ("step_end", "epoch_end", "save", "commit"):
-        raise ConfigError(f"config: fault.at must be step_end, epoch_end, save or commit, got {f.at!r}")
+    from .faults import POINTS
+    if f.at not in POINTS:
+        raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
     if f.kind and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     if cfg.data.name == "mnist":

@@ -1,8 +1,11 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill, rank: R, step: N, epoch: E, at: step_end | epoch_end | save | commit}`
+`fault: {kind: exception | kill, rank: R, step: N, epoch: E, at: POINT}`
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
   when a checkpoint is due: ModelCheckpoint runs first);
+- at forward / allreduce / update: in the middle of step N's forward pass (half the layers done), of its
+  gradient all-reduce over data parallel (between the reduce-scatter and the all-gather), or of its
+  optimizer update (half the parameters updated): the other ranks are inside that phase's collectives;
 - at save: rank R dies half-way through writing its file of the checkpoint due at step N;
 - at commit: rank R dies after every file of that checkpoint is written, before the commit record.
 rank null means every rank (for exceptions).
@@ -60,8 +63,11 @@ class FaultInjector(Callback):
         raise InjectedFault(f"Some errors happen. (injected on rank {self.my_rank} {where})")
 
 
-def at_save_point(point: str, global_step: int) -> None:
-    """Called by the checkpoint writer at 'save' (half-written file) and 'commit' (before the record)."""
+POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "commit")
+
+
+def at_point(point: str, global_step: int) -> None:
+    """Called where a fault may strike inside a step (forward, allreduce, update) or a save (save, commit)."""
     f = _armed
     if f is not None and f.at == point and (f.step is None or f.step == global_step):
         f.fire(f"during the {point} of step {global_step}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
 
     from .checkpoint.recovery import resume
     from .engine import build_run
+    from .ft import ulfm
     comm = MPI.COMM_WORLD
     try:
         if args.repair and not args.resume:
@@ -56,6 +58,10 @@ def main(argv=None) -> int:
         run = build_run(cfg, comm)
         if comm.rank == 0:
             print(describe(run), flush=True)
+            why = ulfm.unavailable_reason()
+            if cfg.tft.ttp and why:
+                print(f"dsim: warning: the last-gasp checkpoint (TTP) is unavailable: {why}; "
+                      "periodic checkpoints and --resume still work", file=sys.stderr, flush=True)
         initial_epoch = resume(run, args.resume, args.repair) if args.resume else 0
     except USER_ERRORS as e:
         if comm.rank == 0:
@@ -67,7 +73,26 @@ def main(argv=None) -> int:
         if comm.rank == 0 or cfg.fault.rank is not None:  # an all-rank fault is reported once
             print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
         return 1
+    except MPI.Exception as e:
+        if ulfm.unavailable_reason():
+            raise
+        return on_process_failure(run, time.time(), e)
     return 0
+
+
+def on_process_failure(run, noticed_at: float, error) -> int:
+    """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
+    from .ft import last_gasp
+    try:
+        out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run)
+    except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
+        print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    if not out.failed:  # every rank is alive: an MPI error of another kind
+        print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
+    elif out.lead:
+        print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":

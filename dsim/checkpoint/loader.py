@@ -88,9 +88,18 @@ def load_optimizer_state(optimizer, param_dict) -> None:
     optimizer.global_step = int(param_dict.meta["optimizer"]["global_step"])
 
 
-def candidates(directory, which: str = "auto") -> list[dict]:
-    """Commit records to try, newest first by global step (never by file time): all for "auto", else the one named."""
-    records = cm.committed(directory) if Path(directory).is_dir() else []
+TTP_PATTERN = "tft_saved_checkpoints-step_*"
+
+
+def candidates(directory, which: str = "auto", ttp_dir=None) -> list[dict]:
+    """Commit records to try, newest first by global step (never by file time): all for "auto", else the one named.
+
+    Besides the periodic checkpoints in directory, the last-gasp ones under ttp_dir
+    (`tft_saved_checkpoints-step_{n}/`) count too. Each record gets a "directory" key: where it lives.
+    """
+    dirs = [Path(directory)] + (sorted(Path(ttp_dir).glob(TTP_PATTERN)) if ttp_dir else [])
+    records = [{**r, "directory": str(d)} for d in dirs if d.is_dir() for r in cm.committed(d)]
+    records.sort(key=lambda r: (r["global_step"], r["time"]))
     if which == "auto":
         if not records:
             raise CheckpointError(f"no committed checkpoint in {directory}")
@@ -107,10 +116,10 @@ def latest_committed(directory) -> dict:
 
 
 def file_for(directory, record: dict, rank: int) -> Path:
-    """The file rank reads from a committed checkpoint."""
+    """The file rank reads from a committed checkpoint in directory."""
     if record["integrated_save"]:
         return cm.integrated_path(directory, record["name"])
-    return cm.shard_path(directory, rank, record["name"])
+    return Path(directory) / record["files"][str(rank)]
 
 
 def check_compatible(meta: dict, layout, world_size: int, path) -> None:

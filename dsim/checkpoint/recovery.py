@@ -113,13 +113,13 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
 
     Collective. Raises CheckpointError (the same on every rank) when no candidate is usable.
     """
-    comm, directory, layout = run.groups.world, run.checkpoint_dir, run.groups.layout
+    comm, layout = run.groups.world, run.groups.layout
     rank = comm.rank
     t0 = time.perf_counter()
     records, error = None, None
     if rank == 0:
         try:
-            records = candidates(directory, which)
+            records = candidates(run.checkpoint_dir, which, run.ttp_dir)
         except CheckpointError as e:
             error = str(e)
     records, error = comm.bcast((records, error), root=0)
@@ -127,6 +127,7 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
         raise CheckpointError(error)
     tried = []
     for i, record in enumerate(records):
+        directory = Path(record["directory"])
         check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
         shard, error = read_own(directory, record, rank)
         broken = {r: e for r, e in enumerate(comm.allgather(error)) if e}
@@ -153,7 +154,7 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
             log(f"dsim: recovery: {len(plan.donors)} shard(s) of {record['name']} taken from replicas, "
                 f"loaded in {1000 * (time.perf_counter() - t0):.0f} ms")
         return record, param_dict
-    raise CheckpointError(f"no usable committed checkpoint in {directory} (tried {'; '.join(tried)})")
+    raise CheckpointError(f"no usable committed checkpoint in {run.checkpoint_dir} (tried {'; '.join(tried)})")
 
 
 def _repair_all(comm, directory, record, layout, plan, shard, log):
@@ -182,6 +183,6 @@ def resume(run, which: str = "auto", repair: bool = False) -> int:
     step = run.loader.init_step
     if run.groups.world.rank == 0:
         epoch, in_epoch = run.loader.position(step)
-        say(f"dsim: resumed from {file_for(run.checkpoint_dir, record, 0)} "
+        say(f"dsim: resumed from {file_for(record['directory'], record, 0)} "
             f"(global step {step}: epoch {epoch + 1} step {in_epoch})")
     return step // run.loader.get_dataset_size()

@@ -21,30 +21,54 @@ from .format import Tensor, write_file
 from .group_info import group_info, replica_sets, write_group_info
 
 
-def state_tensors(network, optimizer):
-    """This rank's owned slices of parameters and optimizer state, as checkpoint tensors."""
+def state_tensors(network, optimizer, arrays=None):
+    """This rank's owned slices of parameters and optimizer state, as checkpoint tensors.
+
+    arrays (name -> array), if given, replaces the live data: e.g. the state kept from before an update.
+    """
     params = {p.name: p for p in network.trainable_params()}
     for name, shape, where, arr in owned_pieces(network, optimizer):
         kind = "params" if name in params else "optimizer"
         p = params[name if kind == "params" else name.split(".", 1)[1]]  # state names are <slot>.<param>
-        yield Tensor(kind, name, shape, where, arr, p.spec.split, p.opt_sharded)
+        yield Tensor(kind, name, shape, where, arr if arrays is None else arrays[name], p.spec.split, p.opt_sharded)
 
 
-def resume_meta(cb) -> dict:
-    """What an exact resume needs besides the tensors: counters, lr schedule, data position, seed."""
-    model, opt = cb.model, cb.optimizer
-    loader = getattr(model, "loader", None)
+def epoch_and_step(global_step: int, steps_per_epoch: int) -> tuple:
+    """(epoch, step in epoch), 1-based as in checkpoint names, of the state after global_step steps."""
+    return (global_step - 1) // steps_per_epoch + 1, (global_step - 1) % steps_per_epoch + 1
+
+
+def resume_meta(model, global_step: int, rank: int) -> dict:
+    """What an exact resume needs besides the tensors: counters, lr schedule, data position, seed.
+
+    Describes rank's file of the state after global_step steps of the model's run.
+    """
+    opt, layout, loader = model.optimizer, model.groups.layout, model.loader
+    spe = loader.get_dataset_size()
+    epoch, in_epoch = epoch_and_step(global_step, spe)
     return {
-        "epoch": cb.cur_epoch_num, "step_in_epoch": cb.cur_step_in_epoch, "global_step": cb.cur_step_num,
-        "rank": cb.rank, "world_size": cb.world_size, "layout": cb.layout,
-        "optimizer": {"name": type(opt).__name__.lower(), "global_step": opt.global_step,
-                      "learning_rate": opt.current_lr(), **opt.hyperparams()},
+        "epoch": epoch, "step_in_epoch": in_epoch, "global_step": global_step,
+        "rank": rank, "world_size": layout.world_size, "layout": layout.to_dict(),
+        "optimizer": {"name": opt.name, "global_step": global_step,
+                      "learning_rate": opt.learning_rate(global_step), **opt.hyperparams()},
         "schedule": opt.learning_rate.to_dict(),
-        "data": {"global_step": cb.cur_step_num, "steps_per_epoch": cb.batch_num,
-                 "batch_size": model.global_batch_size},
+        "data": {"global_step": global_step, "steps_per_epoch": spe, "batch_size": model.global_batch_size},
         "random_state": "none: initial weights, data and shuffling are pure functions of seed",
         "seed": getattr(model, "seed", 0), "dtype": str(next(iter(opt.params)).data.dtype),
     }
+
+
+def append_info(items, epoch: int, global_step: int) -> dict:
+    """The append_info values of a checkpoint: epoch_num, step_num and the user's dict entries."""
+    out = {}
+    for item in items:
+        if item == "epoch_num":
+            out["epoch_num"] = np.int64(epoch)
+        elif item == "step_num":
+            out["step_num"] = np.int64(global_step)
+        else:
+            out.update({k: np.asarray(v) for k, v in item.items()})
+    return out
 
 
 class ModelCheckpoint(Callback):
@@ -115,10 +139,10 @@ class ModelCheckpoint(Callback):
         groups = cb.model.groups
         comm, layout, rank = groups.world, groups.layout, cb.rank
         name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)
-        meta = {**resume_meta(cb), "prefix": self.prefix, "integrated_save": self.config.integrated_save,
+        meta = {**resume_meta(cb.model, cb.cur_step_num, rank), "prefix": self.prefix, "integrated_save": self.config.integrated_save,
                 "group_info": group_info(layout, rank)}
         append = self._append_info(cb)
-        half = lambda: faults.at_save_point("save", cb.cur_step_num)  # noqa: E731
+        half = lambda: faults.at_point("save", cb.cur_step_num)  # noqa: E731
         error, size = None, 0
         try:
             tensors = list(state_tensors(cb.network, cb.optimizer))
@@ -136,7 +160,7 @@ class ModelCheckpoint(Callback):
         failed = {r: e for r, (e, _) in enumerate(results) if e}
         if failed:
             raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {failed}")
-        faults.at_save_point("commit", cb.cur_step_num)
+        faults.at_point("commit", cb.cur_step_num)
         comm.Barrier()  # every rank is past the commit fault point: all files are in place
         error = None
         if rank == 0:
@@ -169,15 +193,7 @@ class ModelCheckpoint(Callback):
         return name
 
     def _append_info(self, cb) -> dict:
-        out = {}
-        for item in self.config.append_info:
-            if item == "epoch_num":
-                out["epoch_num"] = np.int64(cb.cur_epoch_num)
-            elif item == "step_num":
-                out["step_num"] = np.int64(cb.cur_step_num)
-            else:
-                out.update({k: np.asarray(v) for k, v in item.items()})
-        return out
+        return append_info(self.config.append_info, cb.cur_epoch_num, cb.cur_step_num)
 
     def _retain(self, comm, rank):
         """Drop the oldest committed checkpoints of this prefix beyond keep_checkpoint_max."""

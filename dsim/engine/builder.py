@@ -46,6 +46,12 @@ class Run:
         c = self.cfg.checkpoint
         return Path(c.directory) if c.directory else Path(self.cfg.output.dir) / "checkpoints"
 
+    @property
+    def ttp_dir(self) -> Path:
+        """Where last-gasp checkpoints go (the seed's ttp_checkpoints/), by default inside checkpoint_dir."""
+        t = self.cfg.tft.ckpt_save_path
+        return Path(t) if t else self.checkpoint_dir / "ttp_checkpoints"
+
     def callbacks(self, extra=()):
         """The standard callbacks (checkpoint, fault, loss, time, progress, metrics) followed by `extra`.
 
@@ -82,6 +88,9 @@ def build_run(cfg: Config, comm) -> Run:
     kwargs = {"sgd": {}, "momentum": {"momentum": o.momentum},
               "adam": {"beta1": o.beta1, "beta2": o.beta2, "eps": o.eps}}.get(o.name, {})
     optimizer = create_optimizer(o.name, network.trainable_params(), schedule, weight_decay=o.weight_decay, **kwargs)
+    if cfg.tft.ttp:
+        from ..ft import OptTFTWrapper
+        optimizer = OptTFTWrapper(optimizer)  # keeps the state before each update, for the last gasp
     d = cfg.data
     source = create_dataset(d.name, d.path, num_samples=d.num_samples, seed=cfg.seed, dtype=dtype)
     sampler = DistributedSampler(len(source), d.batch_size, layout.data_parallel, groups.coords.dp,

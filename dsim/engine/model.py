@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .. import faults
 from ..nn.layers import softmax_cross_entropy
 from ..parallel.groups import Groups, allreduce_sum
 from .callbacks import RunContext
@@ -29,21 +30,23 @@ class Model:
     def train_step(self, images: np.ndarray, labels: np.ndarray) -> float:
         """One training step; returns the global-batch mean loss (identical on every rank)."""
         net, groups = self.network, self.groups
+        step = self.optimizer.global_step + 1
         # forward
-        logits = net.forward(images, groups.mp)
+        logits = net.forward(images, groups.mp, halfway=lambda: faults.at_point("forward", step))
         loss, dlogits = softmax_cross_entropy(logits, labels, self.global_batch_size)
         # backward
         net.backward(dlogits, groups.mp)
         # gradient (and loss) reduction over data parallel
         params = net.trainable_params()
         bucket = np.concatenate([p.grad.reshape(-1) for p in params] + [np.array([loss], dtype=logits.dtype)])
-        bucket = allreduce_sum(groups.dp, bucket)
+        bucket = allreduce_sum(groups.dp, bucket, between=lambda: faults.at_point("allreduce", step))
         offset = 0
         for p in params:
             p.grad = bucket[offset:offset + p.grad.size].reshape(p.grad.shape)
             offset += p.grad.size
         # update
-        self.optimizer.step(groups.shard)
+        self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
+        self.optimizer.sync(groups.shard)
         return float(bucket[-1])
 
     def train(self, epoch: int, train_dataset, callbacks=(), initial_epoch: int = 0):

@@ -29,15 +29,28 @@ class Optimizer:
         return self.learning_rate(self.global_step)
 
     def step(self, shard_comm) -> None:
-        """Apply the gradients in p.grad (already averaged over dp) to the owned slices."""
+        """Apply the gradients in p.grad (already averaged over dp) to the owned slices, then share them."""
+        self.apply()
+        self.sync(shard_comm)
+
+    def apply(self, halfway=None) -> None:
+        """Update the owned slices and their state (local: no communication); counts the step.
+
+        `halfway`, if given, is called after half the parameters are updated (a fault point).
+        """
         lr = self.current_lr()
-        for p in self.params:
+        for i, p in enumerate(self.params):
+            if halfway is not None and i == len(self.params) // 2:
+                halfway()
             w = p.owned_data
             g = p.grad[p.owned_index]
             if self.weight_decay:
                 g = g + w.dtype.type(self.weight_decay) * w
             self.update(p.name, w, g, lr)
         self.global_step += 1
+
+    def sync(self, shard_comm) -> None:
+        """All-gather updated owned slices over the optimizer-shard group into the whole mp slices."""
         for p in self.params:
             if p.opt_sharded:
                 p.data[...] = allgather_axis0(shard_comm, np.ascontiguousarray(p.owned_data))
@@ -58,6 +71,8 @@ class Optimizer:
 class SGD(Optimizer):
     """p -= lr * g."""
 
+    name = "sgd"
+
     def update(self, name, w, g, lr):
         w -= w.dtype.type(lr) * g
 
@@ -65,6 +80,7 @@ class SGD(Optimizer):
 class Momentum(Optimizer):
     """MindSpore's ApplyMomentum: v = momentum * v + g; p -= lr * v."""
 
+    name = "momentum"
     slots = ("moments",)
 
     def __init__(self, params, learning_rate, momentum=0.9, weight_decay=0.0):
@@ -84,6 +100,7 @@ class Momentum(Optimizer):
 class Adam(Optimizer):
     """Adam as MindSpore's nn.Adam: bias correction folded into the step size."""
 
+    name = "adam"
     slots = ("moment1", "moment2")
 
     def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):

@@ -46,8 +46,11 @@ def chunk_bounds(n: int, parts: int) -> list[int]:
     return bounds
 
 
-def allreduce_sum(comm, x: np.ndarray) -> np.ndarray:
-    """Sum x over comm, deterministically and bit-identically on every rank."""
+def allreduce_sum(comm, x: np.ndarray, between=None) -> np.ndarray:
+    """Sum x over comm, deterministically and bit-identically on every rank.
+
+    `between`, if given, is called between the reduce-scatter and the all-gather (a fault point).
+    """
     if comm.size == 1:
         return np.array(x, copy=True)
     flat = np.ascontiguousarray(x).reshape(-1)
@@ -61,6 +64,8 @@ def allreduce_sum(comm, x: np.ndarray) -> np.ndarray:
     acc = recv[0].copy()
     for i in range(1, p):
         acc += recv[i]
+    if between is not None:
+        between()
     out = np.empty_like(flat)
     comm.Allgatherv(acc, [out, counts, bounds[:-1], _mpi_type(flat)])
     return out.reshape(np.shape(x))

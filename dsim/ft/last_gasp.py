@@ -1,0 +1,188 @@
+"""The last-gasp checkpoint (MindSpore's TTP, try-to-persist): when a rank dies, the survivors save one.
+
+On every survivor, after an MPI call failed (see ulfm):
+1. revoke every communicator of the job, so every rank stops at its next (or current) MPI call;
+2. shrink the world to the living ranks; there is no fixed controller: the lowest living rank commits;
+3. agree on a step: each survivor offers the steps whose owned state it holds consistently (OptTFTWrapper:
+   the last finished step and the one before it), and the newest step that every replica set still holds
+   is chosen (plan);
+4. for every rank of the full layout, dead ones included, one surviving holder of its slices (from the group
+   info) writes that rank's file, in the normal format, under
+   `ttp_checkpoints/tft_saved_checkpoints-step_{n}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.h5`;
+5. all agree (MPI_Comm_agree: the same answer on every survivor, even through further failures) that every
+   file is written; then the committer writes the commit record, and the checkpoint exists.
+A failure during steps 3-5 starts again from 2 with those still alive; a slice nobody alive holds means no
+checkpoint at all (nothing partial is ever committed), and resume falls back to the last periodic one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from mpi4py import MPI
+
+from ..checkpoint import commit as cm
+from ..checkpoint.format import write_file
+from ..checkpoint.group_info import group_info, replica_sets
+from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
+from ..engine.callbacks import event
+from .ulfm import revoke, shrink
+
+PREFIX = "ttp"
+ATTEMPTS = 4
+
+
+@dataclass
+class Plan:
+    """The step to save, who writes each rank's file, and the replica sets that cannot be saved."""
+
+    step: Optional[int]
+    writers: dict = field(default_factory=dict)  # rank whose file -> surviving rank that writes it
+    lost: list = field(default_factory=list)     # replica sets with no living holder of a common step
+
+
+def plan(offers: dict, sets) -> Plan:
+    """Choose the newest step every replica set can provide, and a writer for every rank's file.
+
+    offers: surviving rank -> the steps whose state it holds. Each holder writes its own file; the files of
+    the other members of its set (dead, or holding other steps) are spread over the holders round robin.
+    """
+    sets = [list(g) for g in sets]
+    dead_sets = [g for g in sets if not any(r in offers for r in g)]
+    if dead_sets:
+        return Plan(None, lost=dead_sets)
+    steps = sorted(set().union(*offers.values()), reverse=True)
+    for step in steps:
+        holders_of = [[r for r in g if step in offers.get(r, ())] for g in sets]
+        if all(holders_of):
+            writers = {}
+            for g, holders in zip(sets, holders_of):
+                others = [r for r in g if r not in holders]
+                writers.update({r: r for r in holders})
+                writers.update({r: holders[i % len(holders)] for i, r in enumerate(others)})
+            return Plan(step, writers)
+    newest = steps[0] if steps else None
+    return Plan(None, lost=[g for g in sets if not any(newest in offers.get(r, ()) for r in g)])
+
+
+def checkpoint_dir(ttp_dir, step: int) -> Path:
+    """The seed's directory of the last-gasp checkpoint of a step: tft_saved_checkpoints-step_{n}."""
+    return Path(ttp_dir) / f"tft_saved_checkpoints-step_{step}"
+
+
+def file_name(rank: int, epoch: int, step_in_epoch: int) -> str:
+    """rank_{r}/ttp_rank_{r}-{epoch}_{step}.h5, as the seed names it (with .h5 for .ckpt)."""
+    return f"rank_{rank}/ttp_rank_{rank}-{epoch}_{step_in_epoch}.h5"
+
+
+@dataclass
+class Outcome:
+    """What the survivors agreed happened; every survivor returns the same one."""
+
+    failed: list
+    step: Optional[int] = None
+    directory: Optional[Path] = None
+    name: Optional[str] = None
+    lost: list = field(default_factory=list)
+    survivors: int = 0
+    ms: float = 0.0        # from the first survivor noticing the failure to the commit
+    lead: bool = False     # this rank reports it (the lowest living rank)
+
+    def message(self) -> str:
+        who = f"rank(s) {', '.join(map(str, self.failed))} failed"
+        if self.step is None and not self.lost:
+            return (f"{who}; the last-gasp checkpoint is off (tft.ttp, or MS_ENABLE_TFT='{{TTP:1}}'); "
+                    "resume (--resume auto) from the last periodic checkpoint")
+        if self.step is None:
+            sets = "; ".join(f"the slices of ranks {g}" for g in self.lost)
+            return (f"{who}; no last-gasp checkpoint: {sets} have no surviving holder; resume (--resume auto) "
+                    "falls back to the last periodic checkpoint")
+        return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) committed in "
+                f"{self.directory} by {self.survivors} survivors, {self.ms:.0f} ms after the failure was noticed; "
+                f"resume (--resume auto) continues at step {self.step + 1}")
+
+
+def without_checkpoint(run) -> Outcome:
+    """With the last gasp off: the survivors only agree on who failed (collective over the living ranks)."""
+    groups = run.groups
+    revoke(groups.world, groups.dp, groups.mp, groups.shard)
+    comm, failed = shrink(groups.world)
+    return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+
+
+def save(run, noticed_at: float) -> Outcome:
+    """Write and commit the last-gasp checkpoint from the survivors (collective over the living ranks)."""
+    groups = run.groups
+    world = groups.world
+    revoke(world, groups.dp, groups.mp, groups.shard)
+    states = run.optimizer.states()
+    sets = replica_sets(groups.layout)
+    for attempt in range(ATTEMPTS):
+        comm, failed = shrink(world)
+        if not failed:
+            return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+        try:
+            return _attempt(run, comm, failed, states, sets, noticed_at)
+        except MPI.Exception:
+            if attempt == ATTEMPTS - 1:
+                raise
+            revoke(comm)  # another rank died during the last gasp: everyone starts again from the shrink
+    raise AssertionError("unreachable")
+
+
+def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
+    me = run.groups.world.rank
+    reports = comm.allgather((me, sorted(states), noticed_at))
+    offers = {r: set(steps) for r, steps, _ in reports}
+    first_noticed = min(t for _, _, t in reports)
+    p = plan(offers, sets)
+    if p.step is None:
+        comm.Agree(1)  # nothing is written: just agree that all know
+        out = Outcome(failed, lost=p.lost, survivors=comm.size, lead=comm.rank == 0)
+        if comm.rank == 0:
+            event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
+        return out
+    spe = run.loader.get_dataset_size()
+    epoch, in_epoch = epoch_and_step(p.step, spe)
+    directory = checkpoint_dir(run.ttp_dir, p.step)
+    name = f"{PREFIX}-{epoch}_{in_epoch}"
+    record_path = cm.commit_path(directory, name)
+    if record_path.exists():  # saved before (e.g. the committer died after committing): never overwrite it
+        comm.Agree(1)
+        return Outcome(failed, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0)
+    ok, error = 1, None
+    try:
+        for rank, writer in sorted(p.writers.items()):
+            if writer == me:
+                _write(run, directory, rank, p.step, states[p.step])
+    except Exception as e:  # a disk error: every survivor must learn of it
+        ok, error = 0, f"rank {me}: {type(e).__name__}: {e}"
+    if not comm.Agree(ok):
+        errors = [e for e in comm.allgather(error) if e]
+        raise RuntimeError(f"last-gasp checkpoint of step {p.step} not saved: {errors[0]}")
+    if comm.rank == 0:
+        cm.write_commit(directory, {
+            "name": name, "prefix": PREFIX, "epoch": epoch, "step_in_epoch": in_epoch, "global_step": p.step,
+            "sequence": 1, "world_size": run.groups.layout.world_size, "layout": run.groups.layout.to_dict(),
+            "integrated_save": False, "files": {str(r): file_name(r, epoch, in_epoch) for r in sorted(p.writers)},
+            "last_gasp": {"failed": failed, "writers": {str(r): w for r, w in sorted(p.writers.items())}},
+            "time": time.time()})
+    comm.Agree(1)  # the committer is past the commit (or this raises and all start again)
+    out = Outcome(failed, p.step, directory, name, survivors=comm.size, ms=1000 * (time.time() - first_noticed),
+                  lead=comm.rank == 0)
+    if comm.rank == 0:
+        event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
+              directory=str(directory), ms=round(out.ms, 1), noticed_at=first_noticed)
+    return out
+
+
+def _write(run, directory, rank, step, arrays) -> None:
+    """Write rank's file of the state after `step` from this survivor's memory (rank's slices = this rank's)."""
+    cfg = run.cfg.checkpoint
+    epoch, in_epoch = epoch_and_step(step, run.loader.get_dataset_size())
+    meta = {**resume_meta(run.model, step, rank), "prefix": PREFIX, "integrated_save": False,
+            "group_info": group_info(run.groups.layout, rank), "last_gasp": True}
+    write_file(directory / file_name(rank, epoch, in_epoch), meta, state_tensors(run.network, run.optimizer, arrays),
+               append_info(cfg.append_info, epoch, step))

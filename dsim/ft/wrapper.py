@@ -1,0 +1,69 @@
+"""OptTFTWrapper (MindSpore's name): an optimizer that knows how far its current update has got.
+
+Every rank records whether the current step's update has not started, is in progress, or is done, and
+keeps a copy of its owned slices (parameters and optimizer state) from before the update. So after a
+failure each rank can always offer the state of the last step it finished and of the step before it:
+enough for the survivors to find one step that every slice still has (a rank interrupted inside an
+update offers only the copy).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NOT_STARTED, IN_PROGRESS, DONE = "not started", "in progress", "done"
+
+
+class OptTFTWrapper:
+    """Wraps an optimizer (SGD, Momentum, Adam); reads and the step counter pass through to it."""
+
+    def __init__(self, optimizer):
+        self.__dict__["optimizer"] = optimizer
+        self.__dict__["phase"] = NOT_STARTED
+        self.__dict__["previous"] = None        # name -> array: owned state after step previous_step
+        self.__dict__["previous_step"] = None
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.optimizer, name, value)  # e.g. global_step when a checkpoint is loaded
+
+    def owned_arrays(self):
+        """(name, array) of every owned slice: parameters, then optimizer state."""
+        for p in self.optimizer.params:
+            yield p.name, p.owned_data
+        for state_name, _, arr in self.optimizer.state_items():
+            yield state_name, arr
+
+    def apply(self, halfway=None) -> None:
+        """Keep the current owned state, then update (see Optimizer.apply)."""
+        prev = self.previous
+        if prev is None:
+            prev = {name: np.empty_like(arr) for name, arr in self.owned_arrays()}
+        for name, arr in self.owned_arrays():
+            np.copyto(prev[name], arr)
+        self.__dict__.update(previous=prev, previous_step=self.optimizer.global_step, phase=IN_PROGRESS)
+        self.optimizer.apply(halfway)
+        self.__dict__["phase"] = DONE
+
+    def step(self, shard_comm) -> None:
+        self.apply()
+        self.optimizer.sync(shard_comm)
+
+    def states(self) -> dict:
+        """step -> {name: array} of the consistent owned states this rank can offer now."""
+        out = {}
+        if self.previous is not None:
+            out[self.previous_step] = self.previous
+        if self.phase != IN_PROGRESS:
+            out[self.optimizer.global_step] = dict(self.owned_arrays())
+        return out
+
+    def restore(self, step: int) -> None:
+        """Make the owned slices those of `step` (one of states()); the update of step + 1 is not started."""
+        source = self.states()[step]
+        for name, arr in self.owned_arrays():
+            if source[name] is not arr:
+                np.copyto(arr, source[name])
+        self.optimizer.global_step = step
+        self.__dict__.update(phase=NOT_STARTED)
