@@ -89,7 +89,8 @@ class CheckpointSection:
 @dataclass
 class FaultConfig:
     kind: Optional[str] = None               # null (off) | exception | kill
-    rank: Optional[int] = None               # null: every rank
+    rank: Any = None                         # null: every rank; or a rank, or a list of ranks
+    last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     step: Optional[int] = None               # global step (1-based)
     epoch: Optional[int] = None              # with at: epoch_end
     at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
@@ -230,6 +231,9 @@ def validate(cfg: Config) -> None:
     f = cfg.fault
     if f.kind not in (None, "exception", "kill"):
         raise ConfigError(f"config: fault.kind must be exception or kill, got {f.kind!r}")
+    ranks = f.rank if isinstance(f.rank, list) else [f.rank]
+    if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+        raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")
     from .faults import POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")

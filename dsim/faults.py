@@ -8,7 +8,9 @@
   optimizer update (half the parameters updated): the other ranks are inside that phase's collectives;
 - at save: rank R dies half-way through writing its file of the checkpoint due at step N;
 - at commit: rank R dies after every file of that checkpoint is written, before the commit record.
-rank null means every rank (for exceptions).
+rank null means every rank (for exceptions); a list such as [0, 4] names several (they all fire).
+`last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
+while the survivors save.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import os
 import signal
 from typing import Optional
 
-from .engine.callbacks import Callback, say
+from .engine.callbacks import Callback, event, say
 
 
 class InjectedFault(Exception):
@@ -29,9 +31,11 @@ _armed = None  # the FaultInjector of this process, consulted at save points
 class FaultInjector(Callback):
     """Fires the configured fault once, on the configured rank, at the configured point."""
 
-    def __init__(self, kind: str, rank: Optional[int] = None, step: Optional[int] = None,
-                 epoch: Optional[int] = None, at: str = "step_end"):
-        self.kind, self.rank, self.step, self.epoch, self.at = kind, rank, step, epoch, at
+    def __init__(self, kind: str, rank=None, step: Optional[int] = None,
+                 epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None):
+        self.kind, self.step, self.epoch, self.at = kind, step, epoch, at
+        self.ranks = None if rank is None else set(rank if isinstance(rank, list) else [rank])
+        self.last_gasp_kill = last_gasp_kill
         self.fired = False
 
     def begin(self, run_context):
@@ -54,13 +58,26 @@ class FaultInjector(Callback):
             self.fire(f"at the end of epoch {cb.cur_epoch_num}")
 
     def fire(self, where: str):
-        if self.fired or (self.rank is not None and self.rank != self.my_rank):
+        if self.fired or (self.ranks is not None and self.my_rank not in self.ranks):
             return
         self.fired = True
         if self.kind == "kill":
-            say(f"dsim: fault: killing rank {self.my_rank} (SIGKILL) {where}")
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill(f"dsim: fault: killing rank {self.my_rank} (SIGKILL) {where}")
         raise InjectedFault(f"Some errors happen. (injected on rank {self.my_rank} {where})")
+
+
+def kill(message: str) -> None:
+    """Say why, record it, and SIGKILL this process (no clean-up, as a real crash)."""
+    say(message)
+    event("fault", any_rank=True, kind="kill", message=message)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def during_last_gasp(rank: int, global_step: int) -> None:
+    """Called half-way through a survivor's last-gasp writes: the configured second failure strikes here."""
+    f = _armed
+    if f is not None and f.last_gasp_kill == rank:
+        kill(f"dsim: fault: killing rank {rank} (SIGKILL) during the last-gasp save of step {global_step}")
 
 
 POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "commit")

@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+import traceback
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
@@ -72,6 +74,8 @@ def main(argv=None) -> int:
     except (InjectedFault, CheckpointError) as e:
         if comm.rank == 0 or cfg.fault.rank is not None:  # an all-rank fault is reported once
             print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, InjectedFault) and cfg.fault.rank is not None:
+            leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
     except MPI.Exception as e:
         if ulfm.unavailable_reason():
@@ -92,8 +96,20 @@ def on_process_failure(run, noticed_at: float, error) -> int:
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
-    return 1
+    leave(1)
+
+
+def leave(code: int):
+    """End this process now, without MPI_Finalize: after a rank died, finalize may wait for it forever."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except Exception:  # a crash of this rank (a bug): MPI must see it die, not wait for it in MPI_Finalize
+        traceback.print_exc()
+        leave(1)
+    sys.exit(code)

@@ -3,8 +3,11 @@
 #   CKPT_DIR   second argument (default: the config's checkpoint.directory, else output.dir/checkpoints)
 #   RANK_SIZE  number of ranks (default 8), as in MindSpore's launch scripts
 # Arguments after those (e.g. --set KEY=VALUE, --repair) go to `python -m dsim.train`.
+# Jobs run with MPI fault tolerance (ULFM), so the survivors of a dead rank can act (tft.ttp: the last-gasp
+# checkpoint); MS_ENABLE_TFT='{TTP:1}' turns it on as in MindSpore.
 DSIM_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$DSIM_ROOT/launch/env.sh"
+. "$DSIM_ROOT/launch/ft.sh"
 if [ -z "${VIRTUAL_ENV:-}" ]; then
     # outside an activated environment: the project's own .venv, created on first use
     [ -f "$DSIM_ROOT/.venv/.installed" ] || make -s -C "$DSIM_ROOT" venv >&2
@@ -23,6 +26,7 @@ DSIM_ARGS=(--config "$CONFIG" --set checkpoint.integrated_save=false)
 [ -z "$CKPT_DIR" ] || DSIM_ARGS+=(--set "checkpoint.directory=$CKPT_DIR")
 
 dsim_mpirun() {
-    echo "+ mpirun -n ${RANK_SIZE:-8} python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
-    exec mpirun -n "${RANK_SIZE:-8}" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
+    echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n ${RANK_SIZE:-8} python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
+    # shellcheck disable=SC2086
+    exec mpirun $DSIM_FT_MPIRUN_ARGS -n "${RANK_SIZE:-8}" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
 }

@@ -42,21 +42,36 @@ def launch_env():
     return env
 
 
-def mpirun(n, args, cwd, timeout=180, check=None):
-    """Run `mpirun -n N python -m ...args` in cwd; returns CompletedProcess (stdout+stderr text)."""
-    return run_command([str(BIN / "mpirun"), "-n", str(n), sys.executable, *args], cwd, timeout, check)
+def mpirun(n, args, cwd, timeout=180, check=None, ft=False):
+    """Run `mpirun -n N python -m ...args` in cwd; returns CompletedProcess (stdout+stderr text).
+
+    ft=True runs it as the launch scripts do: with MPI fault tolerance (launch/ft.sh).
+    """
+    opts, env = [], None
+    if ft:
+        env = ft_env()
+        opts = env.pop("DSIM_FT_MPIRUN_ARGS").split()
+    return run_command([str(BIN / "mpirun"), *opts, "-n", str(n), sys.executable, *args], cwd, timeout, check, env)
 
 
-def launch(script, args, cwd, timeout=180, check=None):
-    """Run one of launch/*.sh as a user would, with this test's Python environment."""
+def ft_env():
+    """The variables launch/ft.sh sets, and its mpirun options as DSIM_FT_MPIRUN_ARGS."""
+    out = subprocess.run(["bash", "-c", f". {ROOT}/launch/ft.sh && export DSIM_FT_MPIRUN_ARGS && env -0"],
+                         capture_output=True, check=True, env={})
+    return dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item and
+                not item.startswith(("PWD=", "SHLVL=", "_=")))
+
+
+def launch(script, args, cwd, timeout=180, check=None, env=None):
+    """Run one of launch/*.sh as a user would, with this test's Python environment (plus env)."""
     return run_command(["bash", str(ROOT / "launch" / script), *args], cwd, timeout, check,
-                       {"VIRTUAL_ENV": sys.prefix})
+                       {"VIRTUAL_ENV": sys.prefix, **(env or {})})
 
 
 def run_command(cmd, cwd, timeout, check, env=None):
     """Run cmd in its own process group; on timeout kill the group (mpirun and every rank) and fail."""
-    with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+    with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

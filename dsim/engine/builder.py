@@ -68,7 +68,7 @@ class Run:
             cbs.append(ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file))
         if cfg.fault.kind:
             f = cfg.fault
-            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at))
+            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill))
         return cbs + [LossMonitor(out.loss_every), TimeMonitor(), ProgressBar(out.progress_bar),
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
 

@@ -23,6 +23,7 @@ from typing import Optional
 
 from mpi4py import MPI
 
+from .. import faults
 from ..checkpoint import commit as cm
 from ..checkpoint.format import write_file
 from ..checkpoint.group_info import group_info, replica_sets
@@ -184,5 +185,6 @@ def _write(run, directory, rank, step, arrays) -> None:
     epoch, in_epoch = epoch_and_step(step, run.loader.get_dataset_size())
     meta = {**resume_meta(run.model, step, rank), "prefix": PREFIX, "integrated_save": False,
             "group_info": group_info(run.groups.layout, rank), "last_gasp": True}
+    me = run.groups.world.rank
     write_file(directory / file_name(rank, epoch, in_epoch), meta, state_tensors(run.network, run.optimizer, arrays),
-               append_info(cfg.append_info, epoch, step))
+               append_info(cfg.append_info, epoch, step), lambda: faults.during_last_gasp(me, step))

@@ -1,0 +1,8 @@
+# MPI fault tolerance (ULFM in Open MPI 5) for dsim's jobs; sourced by launch/common.sh after env.sh.
+# A dead rank then makes MPI calls fail on the survivors instead of tearing the job down, and they can
+# revoke, shrink and save (the last-gasp checkpoint). Failure detection needs the TCP transport: with
+# shared memory, survivors of a kill -9 hang or the job is torn down.
+export OMPI_MCA_btl=tcp,self
+export OMPI_MCA_btl_base_warn_peer_error=0
+# mpirun options: ULFM on; stdin to no rank (a killed rank 0 must not hold the launcher).
+DSIM_FT_MPIRUN_ARGS="--with-ft ulfm --stdin none"
