@@ -88,7 +88,7 @@ class CheckpointSection:
 
 @dataclass
 class FaultConfig:
-    kind: Optional[str] = None               # null (off) | exception | kill
+    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     step: Optional[int] = None               # global step (1-based)
@@ -180,6 +180,11 @@ def _set_dotted(tree: dict, dotted: str, value) -> None:
     tree[keys[-1]] = value
 
 
+def config_from_dict(data: dict) -> Config:
+    """A Config from Config.to_dict() output (e.g. sent to a replacement process)."""
+    return _from_dict(Config, data)
+
+
 def load_config(path=None, overrides=()) -> Config:
     """Read a YAML config (or the defaults when path is None) and apply `key.sub=value` overrides."""
     data = {}
@@ -229,8 +234,8 @@ def validate(cfg: Config) -> None:
         if value < 1:
             raise ConfigError(f"config: {key} must be >= 1, got {value}")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill"):
-        raise ConfigError(f"config: fault.kind must be exception or kill, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce"):
+        raise ConfigError(f"config: fault.kind must be exception, kill or uce, got {f.kind!r}")
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")

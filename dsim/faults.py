@@ -1,6 +1,8 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce, rank: R, step: N, epoch: E, at: POINT}`
+- kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
+  become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
   when a checkpoint is due: ModelCheckpoint runs first);
 - at forward / allreduce / update: in the middle of step N's forward pass (half the layers done), of its
@@ -18,11 +20,34 @@ import os
 import signal
 from typing import Optional
 
+import numpy as np
+
 from .engine.callbacks import Callback, event, say
 
 
 class InjectedFault(Exception):
     """The simulated failure ("Some errors happen.")."""
+
+
+class UCEError(RuntimeError):
+    """An uncorrectable memory error (UCE) reported by the device: this rank's training state is garbage."""
+
+    def __init__(self, rank: int, where: str, damaged: list):
+        self.rank, self.damaged = rank, damaged
+        super().__init__(f"UCE: uncorrectable memory error on rank {rank} {where} "
+                         f"({len(damaged)} buffers of parameters and optimizer state damaged)")
+
+
+def corrupt(optimizer, seed: int) -> list:
+    """Turn half of the owned parameter and optimizer-state buffers into garbage; returns their names."""
+    rng = np.random.default_rng(seed)
+    arrays = [(p.name, p.data) for p in optimizer.params] + [(n, a) for n, _, a in optimizer.state_items()]
+    hit = arrays[::2]
+    for _, arr in hit:
+        arr.view(np.uint8)[...] = rng.integers(0, 256, size=arr.nbytes, dtype=np.uint8).reshape(arr.view(np.uint8).shape)
+    if hasattr(optimizer, "invalidate"):
+        optimizer.invalidate()
+    return [name for name, _ in hit]
 
 
 _armed = None  # the FaultInjector of this process, consulted at save points
@@ -40,7 +65,8 @@ class FaultInjector(Callback):
 
     def begin(self, run_context):
         global _armed
-        self.my_rank = run_context.original_args().rank
+        cb = run_context.original_args()
+        self.my_rank, self.optimizer = cb.rank, cb.optimizer
         _armed = self
 
     def end(self, run_context):
@@ -63,6 +89,11 @@ class FaultInjector(Callback):
         self.fired = True
         if self.kind == "kill":
             kill(f"dsim: fault: killing rank {self.my_rank} (SIGKILL) {where}")
+        if self.kind == "uce":
+            error = UCEError(self.my_rank, where, corrupt(self.optimizer, self.my_rank))
+            say(f"dsim: fault: {error}")
+            event("fault", any_rank=True, kind="uce", message=str(error))
+            raise error
         raise InjectedFault(f"Some errors happen. (injected on rank {self.my_rank} {where})")
 
 

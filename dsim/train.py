@@ -14,7 +14,7 @@ import traceback
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DatasetError
-from .faults import InjectedFault
+from .faults import InjectedFault, UCEError
 from .parallel.layout import LayoutError
 
 USER_ERRORS = (ConfigError, LayoutError, DatasetError, CheckpointError)
@@ -52,6 +52,10 @@ def main(argv=None) -> int:
     from .checkpoint.recovery import resume
     from .engine import build_run
     from .ft import ulfm
+    from .ft.inprocess import CannotRepair, join
+    parent = MPI.Comm.Get_parent()
+    if parent != MPI.COMM_NULL:  # a replacement spawned by the survivors of a dead rank (tft.arf)
+        leave(join(parent))
     comm = MPI.COMM_WORLD
     try:
         if args.repair and not args.resume:
@@ -77,10 +81,15 @@ def main(argv=None) -> int:
         if isinstance(e, InjectedFault) and cfg.fault.rank is not None:
             leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
-    except MPI.Exception as e:
+    except (MPI.Exception, UCEError, CannotRepair) as e:
         if ulfm.unavailable_reason():
-            raise
+            raise  # without fault tolerance this rank crashes, and MPI ends the job
+        if isinstance(e, CannotRepair) and e.lead:
+            print(f"dsim: warning: no repair in the job: {e}; falling back to the last-gasp checkpoint",
+                  file=sys.stderr, flush=True)
         return on_process_failure(run, time.time(), e)
+    if getattr(run.model.recovery, "healed", False):
+        leave(0)  # the job lost a process on the way: MPI_Finalize might wait for it
     return 0
 
 
@@ -92,7 +101,7 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
-    if not out.failed:  # every rank is alive: an MPI error of another kind
+    if not out.failed and not out.damaged:  # every rank is alive and whole: an MPI error of another kind
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)

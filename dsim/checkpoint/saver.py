@@ -113,6 +113,17 @@ class ModelCheckpoint(Callback):
                 "replica_sets": replica_sets(layout)})
         comm.Barrier()
 
+    def join_state(self) -> dict:
+        """What a replacement process needs to save with this job (see dsim.ft.inprocess)."""
+        return {"prefix": self.prefix, "last_saved_step": self.last_saved_step, "saved": list(self.saved)}
+
+    def join(self, run_context, joining: dict) -> None:
+        """begin() for a replacement process entering a running job: take the job's state, no collectives."""
+        state = joining["callbacks"][type(self).__name__]
+        self.prefix, self.last_saved_step, self.saved = state["prefix"], state["last_saved_step"], state["saved"]
+        cb = run_context.original_args()
+        write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
+
     def step_end(self, run_context):
         cb = run_context.original_args()
         n = self.config.save_checkpoint_steps

@@ -72,8 +72,9 @@ class Run:
         return cbs + [LossMonitor(out.loss_every), TimeMonitor(), ProgressBar(out.progress_bar),
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
 
-    def train(self, extra_callbacks=(), initial_epoch=0):
-        return self.model.train(self.cfg.train.epochs, self.loader, self.callbacks(extra_callbacks), initial_epoch)
+    def train(self, extra_callbacks=(), initial_epoch=0, joining=None):
+        return self.model.train(self.cfg.train.epochs, self.loader, self.callbacks(extra_callbacks), initial_epoch,
+                                joining)
 
 
 def build_run(cfg: Config, comm) -> Run:
@@ -98,4 +99,8 @@ def build_run(cfg: Config, comm) -> Run:
     loader = DataLoader(source, sampler, cfg.train.steps_per_epoch)
     model = Model(network, optimizer, groups, d.batch_size)
     model.seed, model.loader = cfg.seed, loader
-    return Run(cfg, groups, network, optimizer, model, loader)
+    run = Run(cfg, groups, network, optimizer, model, loader)
+    if cfg.tft.uce or cfg.tft.arf:
+        from ..ft.inprocess import InProcessRecovery
+        model.recovery = InProcessRecovery(run)
+    return run

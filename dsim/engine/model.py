@@ -26,6 +26,7 @@ class Model:
         self.optimizer = optimizer
         self.groups = groups
         self.global_batch_size = global_batch_size
+        self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
 
     def train_step(self, images: np.ndarray, labels: np.ndarray) -> float:
         """One training step; returns the global-batch mean loss (identical on every rank)."""
@@ -49,11 +50,14 @@ class Model:
         self.optimizer.sync(groups.shard)
         return float(bucket[-1])
 
-    def train(self, epoch: int, train_dataset, callbacks=(), initial_epoch: int = 0):
+    def train(self, epoch: int, train_dataset, callbacks=(), initial_epoch: int = 0, joining=None):
         """Train through epoch `epoch` (1-based, inclusive), starting after `initial_epoch`.
 
         As in MindSpore, `epoch` is the last epoch and `initial_epoch` the number already done; a
         dataset position set with set_init_step (a mid-epoch resume) wins when it is further on.
+        With `self.recovery` set (dsim.ft.inprocess), a failure inside the loop is repaired in the job and
+        training goes on from the step the ranks agreed on. `joining` is given to a replacement process
+        that enters a running job: its callbacks join (take the job's state) instead of beginning.
         """
         spe = train_dataset.get_dataset_size()
         train_dataset.set_init_step(max(train_dataset.init_step, initial_epoch * spe))
@@ -65,8 +69,27 @@ class Model:
             network=self.network, optimizer=self.optimizer, model=self,
         )
         ctx = RunContext(cb)
-        _call(callbacks, "begin", ctx)
-        current = None
+        for c in callbacks:
+            if joining is not None and hasattr(c, "join"):
+                c.join(ctx, joining)
+            else:
+                c.begin(ctx)
+        while True:
+            try:
+                self._loop(epoch, train_dataset, callbacks, ctx)
+                break
+            except Exception as e:
+                if self.recovery is None or not self.recovery.handles(e):
+                    raise
+                step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
+                train_dataset.set_init_step(step)
+                cb.cur_step_num = step
+        train_dataset.set_init_step(cb.cur_step_num)
+        _call(callbacks, "end", ctx)
+        return cb
+
+    def _loop(self, epoch, train_dataset, callbacks, ctx):
+        cb, spe, current = ctx.original_args(), train_dataset.get_dataset_size(), None
         for ep, step, images, labels in train_dataset.batches(epoch):
             if ep != current:
                 current = ep
@@ -76,14 +99,13 @@ class Model:
             _call(callbacks, "step_begin", ctx)
             cb.net_outputs = self.train_step(images, labels)
             cb.cur_step_in_epoch, cb.cur_step_num = step + 1, cb.cur_step_num + 1
+            if self.recovery is not None:
+                self.recovery.step_finished(cb.cur_step_num)
             _call(callbacks, "step_end", ctx)
             if step + 1 == spe:
                 _call(callbacks, "epoch_end", ctx)
             if ctx.stop_requested:
                 break
-        train_dataset.set_init_step(cb.cur_step_num)
-        _call(callbacks, "end", ctx)
-        return cb
 
 
 def _call(callbacks, hook, ctx):

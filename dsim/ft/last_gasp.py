@@ -83,6 +83,7 @@ class Outcome:
     """What the survivors agreed happened; every survivor returns the same one."""
 
     failed: list
+    damaged: list = field(default_factory=list)  # ranks alive whose memory failed (UCE): they offer nothing
     step: Optional[int] = None
     directory: Optional[Path] = None
     name: Optional[str] = None
@@ -92,7 +93,10 @@ class Outcome:
     lead: bool = False     # this rank reports it (the lowest living rank)
 
     def message(self) -> str:
-        who = f"rank(s) {', '.join(map(str, self.failed))} failed"
+        who = "; ".join(
+            ([f"rank(s) {', '.join(map(str, self.failed))} failed"] if self.failed else []) +
+            ([f"rank(s) {', '.join(map(str, self.damaged))} had an uncorrectable memory error (UCE)"]
+             if self.damaged else []))
         if self.step is None and not self.lost:
             return (f"{who}; the last-gasp checkpoint is off (tft.ttp, or MS_ENABLE_TFT='{{TTP:1}}'); "
                     "resume (--resume auto) from the last periodic checkpoint")
@@ -122,8 +126,6 @@ def save(run, noticed_at: float) -> Outcome:
     sets = replica_sets(groups.layout)
     for attempt in range(ATTEMPTS):
         comm, failed = shrink(world)
-        if not failed:
-            return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
         try:
             return _attempt(run, comm, failed, states, sets, noticed_at)
         except MPI.Exception:
@@ -137,11 +139,14 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     me = run.groups.world.rank
     reports = comm.allgather((me, sorted(states), noticed_at))
     offers = {r: set(steps) for r, steps, _ in reports}
+    damaged = sorted(r for r, steps in offers.items() if not steps)
     first_noticed = min(t for _, _, t in reports)
-    p = plan(offers, sets)
+    if not failed and not damaged:  # everyone alive and whole: an MPI error of another kind
+        return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+    p = plan({r: s for r, s in offers.items() if s}, sets)
     if p.step is None:
         comm.Agree(1)  # nothing is written: just agree that all know
-        out = Outcome(failed, lost=p.lost, survivors=comm.size, lead=comm.rank == 0)
+        out = Outcome(failed, damaged, lost=p.lost, survivors=comm.size, lead=comm.rank == 0)
         if comm.rank == 0:
             event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
         return out
@@ -152,7 +157,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     record_path = cm.commit_path(directory, name)
     if record_path.exists():  # saved before (e.g. the committer died after committing): never overwrite it
         comm.Agree(1)
-        return Outcome(failed, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0)
+        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0)
     ok, error = 1, None
     try:
         for rank, writer in sorted(p.writers.items()):
@@ -171,7 +176,8 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
             "last_gasp": {"failed": failed, "writers": {str(r): w for r, w in sorted(p.writers.items())}},
             "time": time.time()})
     comm.Agree(1)  # the committer is past the commit (or this raises and all start again)
-    out = Outcome(failed, p.step, directory, name, survivors=comm.size, ms=1000 * (time.time() - first_noticed),
+    out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
+                  ms=1000 * (time.time() - first_noticed),
                   lead=comm.rank == 0)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,

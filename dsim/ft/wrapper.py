@@ -21,6 +21,7 @@ class OptTFTWrapper:
         self.__dict__["phase"] = NOT_STARTED
         self.__dict__["previous"] = None        # name -> array: owned state after step previous_step
         self.__dict__["previous_step"] = None
+        self.__dict__["damaged"] = False        # a memory error (UCE) made every copy untrustworthy
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
@@ -51,13 +52,33 @@ class OptTFTWrapper:
         self.optimizer.sync(shard_comm)
 
     def states(self) -> dict:
-        """step -> {name: array} of the consistent owned states this rank can offer now."""
+        """step -> {name: array} of the consistent owned states this rank can offer now (none after a UCE)."""
         out = {}
+        if self.damaged:
+            return out
         if self.previous is not None:
             out[self.previous_step] = self.previous
         if self.phase != IN_PROGRESS:
             out[self.optimizer.global_step] = dict(self.owned_arrays())
         return out
+
+    def invalidate(self) -> None:
+        """After an uncorrectable memory error: nothing this rank holds may be offered or saved."""
+        self.__dict__.update(damaged=True, previous=None, previous_step=None)
+
+    def reallocate(self) -> None:
+        """"Clean" a damaged rank: throw its parameter and optimizer-state buffers away for new ones."""
+        for p in self.optimizer.params:
+            p.data = np.empty_like(p.data)
+        for slot in self.optimizer.state.values():
+            for name in slot:
+                slot[name] = np.empty_like(slot[name])
+        self.__dict__.update(previous=None, previous_step=None, phase=NOT_STARTED)
+
+    def received(self, step: int) -> None:
+        """The owned slices now hold `step`'s state, sent by a replica."""
+        self.optimizer.global_step = step
+        self.__dict__.update(damaged=False, previous=None, previous_step=None, phase=NOT_STARTED)
 
     def restore(self, step: int) -> None:
         """Make the owned slices those of `step` (one of states()); the update of step + 1 is not started."""

@@ -1,0 +1,173 @@
+"""In-process fast recovery: repair a rank from its replica without restarting the job.
+
+Two faults are repaired in the running job (tft.uce, tft.arf), in the same processes:
+- an uncorrectable memory error (UCE, MindSpore's UCE fast recovery): the rank's parameter and optimizer
+  buffers are garbage, but the process lives;
+- a dead process (MindSpore's ARF, process-level rebuild): the survivors spawn a replacement and merge it
+  into a world of the full size again.
+
+On every rank, at the first MPI call that fails (or the UCE itself):
+1. revoke every communicator (all ranks stop at a safe point: their current or next MPI call) and shrink;
+2. agree, as the last gasp does, on the newest step every replica set holds consistently (the damaged rank
+   offers nothing); no such step means no repair: the caller falls back to the last-gasp checkpoint, and
+   that failing too, to the periodic one;
+3. with a dead rank, spawn its replacement, merge, and order the new world as the old one;
+4. every rank that lacks the agreed state ("clean": fresh buffers) receives its owned slices of parameters
+   and optimizer state from a replica chosen by the plan, point to point; the others roll back to it;
+5. the interrupted step is redone and training goes on; the log names the ranks, the replica and the times.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from ..checkpoint.group_info import group_info, replica_sets
+from ..config import FaultConfig, config_from_dict
+from ..engine.callbacks import event, say
+from ..faults import UCEError
+from ..parallel.groups import Groups
+from . import ulfm
+from .last_gasp import plan
+
+TAG = 0xAF
+
+
+class CannotRepair(Exception):
+    """The fault cannot be repaired in the job; the message says why. Every living rank raises it alike."""
+
+    def __init__(self, message: str, lead: bool):
+        super().__init__(message)
+        self.lead = lead  # the lowest living rank, which reports it
+
+
+class InProcessRecovery:
+    """Model.recovery: repairs UCEs (tft.uce) and dead ranks (tft.arf) inside the training loop."""
+
+    def __init__(self, run):
+        self.run = run
+        self.pending = None  # (time of the fault, what) until the next step finishes
+        self.healed = False  # a process of this job died: MPI_Finalize could wait for it (see train.leave)
+
+    def handles(self, exc) -> bool:
+        return isinstance(exc, UCEError) or (isinstance(exc, MPI.Exception) and ulfm.unavailable_reason() is None)
+
+    def step_finished(self, global_step: int) -> None:
+        """Log the time from a repaired fault to the next finished step (once)."""
+        if self.pending is not None:
+            t, what = self.pending
+            self.pending = None
+            seconds = time.time() - t
+            if self.run.groups.world.rank == 0:
+                say(f"dsim: {what}: step {global_step} finished {seconds * 1000:.0f} ms after the fault")
+                event("recovered", global_step=global_step, seconds=round(seconds, 4), fault=what)
+
+    def recover(self, exc, callbacks) -> int:
+        """Repair the job in place; returns the global step training goes on from. Collective over the living."""
+        t = getattr(exc, "time", None) or time.time()
+        run, cfg = self.run, self.run.cfg.tft
+        old = run.groups
+        ulfm.revoke(old.world, old.dp, old.mp, old.shard)
+        comm, failed = ulfm.shrink(old.world)
+        states = run.optimizer.states()  # none on a rank whose memory failed
+        reports = comm.allgather((old.world.rank, sorted(states), t))
+        offers = {r: set(steps) for r, steps, _ in reports}
+        damaged = sorted(r for r, steps in offers.items() if not steps)
+        t_fault = min(t for _, _, t in reports)
+        if not failed and not damaged:
+            raise exc  # an MPI error with every rank alive and whole: not a fault to repair
+        what = describe(failed, damaged)
+        lead = comm.rank == 0
+        if failed and not cfg.arf:
+            raise CannotRepair(f"{what}; replacing a dead process is off (tft.arf)", lead)
+        if damaged and not cfg.uce:
+            raise CannotRepair(f"{what}; repairing a memory error is off (tft.uce)", lead)
+        layout = old.layout
+        p = plan({r: s for r, s in offers.items() if s}, replica_sets(layout))
+        if p.step is None:
+            sets = "; ".join(f"ranks {g}" for g in p.lost)
+            raise CannotRepair(f"{what}; it cannot be repaired: no healthy rank holds the slices of {sets}", lead)
+        t0 = time.time()
+        world = self._respawn(comm, failed, p, callbacks, t_fault) if failed else comm
+        groups = Groups(world, layout)
+        exchange(groups, p.writers, run.optimizer, p.step)
+        run.optimizer.sync(groups.shard)  # whole model-parallel slices again from the owned parts
+        run.groups = run.model.groups = groups
+        self.healed = self.healed or bool(failed)
+        self.pending = (t_fault, "heal" if failed else "uce")
+        if world.rank == 0:
+            donors = ", ".join(f"rank {r} from rank {w} (group info {group_info(layout, r)})"
+                               for r, w in sorted(p.writers.items()) if w != r)
+            size = f"; world size back to {world.size}" if failed else ""
+            say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; "
+                f"training goes on after step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)")
+            event("uce_repair" if damaged and not failed else "heal", failed=failed, damaged=damaged,
+                  global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
+                  world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1))
+        return p.step
+
+    def _respawn(self, comm, failed, p, callbacks, t_fault):
+        """Spawn one process per dead rank, merge, and order the new world as the old one (ARF)."""
+        inter = comm.Spawn(sys.executable, args=["-m", "dsim.train", *sys.argv[1:]], maxprocs=len(failed))
+        merged = inter.Merge(high=False)
+        joining = {"cfg": self.run.cfg.to_dict(), "ranks": failed, "step": p.step, "writers": p.writers,
+                   "fault_time": t_fault,
+                   "callbacks": {type(c).__name__: c.join_state() for c in callbacks if hasattr(c, "join_state")}}
+        merged.bcast(joining, root=0)
+        return merged.Split(0, key=self.run.groups.world.rank)
+
+
+def describe(failed, damaged) -> str:
+    parts = []
+    if failed:
+        parts.append(f"rank(s) {', '.join(map(str, failed))} died")
+    if damaged:
+        parts.append(f"rank(s) {', '.join(map(str, damaged))} had an uncorrectable memory error (UCE)")
+    return " and ".join(parts)
+
+
+def exchange(groups, writers: dict, optimizer, step: int) -> None:
+    """Ranks that lack `step`'s state get fresh buffers and receive their owned slices from their writer.
+
+    The others roll back to `step` (it is one of their states) and send. Arrays go in the order of
+    OptTFTWrapper.owned_arrays, which replicas share, one message each (no pickling).
+    """
+    comm, me = groups.world, groups.world.rank
+    requests = []
+    if writers.get(me, me) == me:
+        optimizer.restore(step)
+        for r, w in sorted(writers.items()):
+            if w == me and r != me:
+                for i, (_, arr) in enumerate(optimizer.owned_arrays()):
+                    requests.append(comm.Isend(np.ascontiguousarray(arr), dest=r, tag=TAG + i))
+    else:
+        optimizer.reallocate()
+        for i, (_, arr) in enumerate(optimizer.owned_arrays()):
+            buf = np.empty(arr.shape, dtype=arr.dtype)
+            comm.Recv(buf, source=writers[me], tag=TAG + i)
+            arr[...] = buf
+        optimizer.received(step)
+    MPI.Request.Waitall(requests)
+
+
+def join(parent) -> int:
+    """main() of a replacement process spawned by the survivors: take a dead rank's place and train on."""
+    from ..engine import build_run
+    merged = parent.Merge(high=True)
+    joining = merged.bcast(None, root=0)
+    ranks = joining["ranks"]
+    rank = ranks[merged.rank - (merged.size - len(ranks))]
+    world = merged.Split(0, key=rank)
+    cfg = config_from_dict(joining["cfg"])
+    cfg.fault = FaultConfig()  # the replacement is a new, healthy process
+    run = build_run(cfg, world)  # the same collectives as the survivors' Groups(world, layout)
+    step = joining["step"]
+    exchange(run.groups, joining["writers"], run.optimizer, step)
+    run.optimizer.sync(run.groups.shard)
+    run.loader.set_init_step(step)
+    run.model.recovery.pending = (joining["fault_time"], "heal")
+    run.model.recovery.healed = True
+    run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
+    return 0
