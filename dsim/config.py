@@ -91,7 +91,7 @@ class FaultConfig:
     kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
-    step: Optional[int] = None               # global step (1-based)
+    step: Any = None                         # global step (1-based); or one per rank of a rank list
     epoch: Optional[int] = None              # with at: epoch_end
     at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
 
@@ -239,6 +239,11 @@ def validate(cfg: Config) -> None:
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")
+    if isinstance(f.step, list) and not (isinstance(f.rank, list) and len(f.rank) == len(f.step)):
+        raise ConfigError(f"config: a list of fault.step needs a list of fault.rank as long, got {f.rank!r}")
+    steps = f.step if isinstance(f.step, list) else [f.step]
+    if f.step is not None and not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
+        raise ConfigError(f"config: fault.step must be a step (>= 1) or a list of steps, got {f.step!r}")
     from .faults import POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")

@@ -10,7 +10,8 @@
   optimizer update (half the parameters updated): the other ranks are inside that phase's collectives;
 - at save: rank R dies half-way through writing its file of the checkpoint due at step N;
 - at commit: rank R dies after every file of that checkpoint is written, before the commit record.
-rank null means every rank (for exceptions); a list such as [0, 4] names several (they all fire).
+rank null means every rank (for exceptions); a list such as [0, 4] names several (they all fire), and with
+a list of steps as long as it, each rank fires at its own step (rank: [0, 5], step: [6, 13]).
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save.
 """
@@ -58,8 +59,10 @@ class FaultInjector(Callback):
 
     def __init__(self, kind: str, rank=None, step: Optional[int] = None,
                  epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None):
-        self.kind, self.step, self.epoch, self.at = kind, step, epoch, at
-        self.ranks = None if rank is None else set(rank if isinstance(rank, list) else [rank])
+        self.kind, self.epoch, self.at = kind, epoch, at
+        self.ranks = None if rank is None else list(rank if isinstance(rank, list) else [rank])
+        self.steps = step if isinstance(step, list) else None  # one step per rank
+        self.step = None if self.steps else step
         self.last_gasp_kill = last_gasp_kill
         self.fired = False
 
@@ -67,6 +70,8 @@ class FaultInjector(Callback):
         global _armed
         cb = run_context.original_args()
         self.my_rank, self.optimizer = cb.rank, cb.optimizer
+        if self.steps and self.my_rank in self.ranks:
+            self.step = self.steps[self.ranks.index(self.my_rank)]
         _armed = self
 
     def end(self, run_context):

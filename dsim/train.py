@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from .ft.inprocess import CannotRepair, join
     parent = MPI.Comm.Get_parent()
     if parent != MPI.COMM_NULL:  # a replacement spawned by the survivors of a dead rank (tft.arf)
-        leave(join(parent))
+        return join(parent)
     comm = MPI.COMM_WORLD
     try:
         if args.repair and not args.resume:
@@ -88,8 +88,6 @@ def main(argv=None) -> int:
             print(f"dsim: warning: no repair in the job: {e}; falling back to the last-gasp checkpoint",
                   file=sys.stderr, flush=True)
         return on_process_failure(run, time.time(), e)
-    if getattr(run.model.recovery, "healed", False):
-        leave(0)  # the job lost a process on the way: MPI_Finalize might wait for it
     return 0
 
 

@@ -87,3 +87,21 @@ def run_command(cmd, cwd, timeout, check, env=None):
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def ft_reference(tmp_path_factory):
+    """Uninterrupted runs of the fault-tolerance tests' job (tests/ftjob.py), per layout, made on first use:
+    (loss lines, final checkpoint directory)."""
+    from ftjob import LAYOUTS, LOSS, OPTS
+    cache = {}
+
+    def get(layout):
+        if layout not in cache:
+            d = tmp_path_factory.mktemp(f"ref-{layout}")
+            proc = mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS[layout]], cwd=d, check=0)
+            losses = LOSS.findall(proc.stdout)
+            assert len(losses) == 20
+            cache[layout] = losses, d / "run" / "checkpoints"
+        return cache[layout]
+    return get

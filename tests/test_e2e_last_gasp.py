@@ -4,56 +4,21 @@ the job resumes with 8 ranks and ends bit-identical to an uninterrupted run.
 The job: 2 epochs of 10 steps, Adam, a periodic checkpoint every 7 steps, on dp2 x mp4 and on dp4 x mp2
 with optimizer shard 2. Every mpirun here has a timeout (conftest.run_command kills the whole group).
 """
-import json
 import re
 
-import numpy as np
 import pytest
 
 from conftest import ROOT, launch, mpirun
 from dsim.checkpoint import load_checkpoint
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault as _fault, final_state_equal
 
 pytestmark = pytest.mark.e2e
-OPTS = ["--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=320", "--set", "train.epochs=2",
-        "--set", "output.loss_every=1", "--set", "optimizer.name=adam", "--set", "optimizer.learning_rate=0.002",
-        "--set", "checkpoint.save_checkpoint_steps=7", "--set", "checkpoint.save_checkpoint_epochs=null",
-        "--set", "output.dir=run"]
 BASE = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true"]
-LAYOUTS = {"dp2xmp4": [], "dp4xmp2k2": ["--set", "parallel.model_parallel=2", "--set", "parallel.optimizer_shard=2"]}
-LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 TTP = "run/checkpoints/ttp_checkpoints"
 
 
 def fault(rank, at, step, *extra):
-    return ["--set", "fault.kind=kill", "--set", f"fault.rank={rank}", "--set", f"fault.at={at}",
-            "--set", f"fault.step={step}", *extra]
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """Uninterrupted runs of both layouts: loss lines and final checkpoint directory."""
-    out = {}
-    for name, layout in LAYOUTS.items():
-        d = tmp_path_factory.mktemp(f"ref-{name}")
-        proc = mpirun(8, [*BASE, *layout], cwd=d, check=0, ft=True)
-        losses = LOSS.findall(proc.stdout)
-        assert len(losses) == 20
-        out[name] = losses, d / "run" / "checkpoints"
-    return out
-
-
-def final_state_equal(ref_ckpt, ckpt):
-    """Every rank's final parameters and Adam moments, bit for bit."""
-    for rank in range(8):
-        a = load_checkpoint(ref_ckpt / f"rank_{rank}" / "network-2_10.h5")
-        b = load_checkpoint(ckpt / f"rank_{rank}" / "network_1-2_10.h5")
-        assert len(a.slices) == 27 and set(a.slices) == set(b.slices)  # 9 params, 18 Adam moments
-        for name in a.slices:
-            assert np.array_equal(a[name], b[name]), (rank, name)
-
-
-def events(job, kind):
-    return [e for e in map(json.loads, (job / "run" / "metrics.jsonl").read_text().splitlines()) if e["event"] == kind]
+    return _fault("kill", rank, at, step, *extra)
 
 
 def committed_ttp(job):
@@ -70,15 +35,15 @@ def committed_ttp(job):
     ("dp4xmp2k2", 0, "update", 13, 13),
     ("dp4xmp2k2", 3, "save", 14, 14),
 ])
-def test_kill_then_last_gasp_then_resume_is_bit_identical(references, tmp_path, layout, rank, at, step, saved):
-    ref_losses, ref_ckpt = references[layout]
+def test_kill_then_last_gasp_then_resume_is_bit_identical(ft_reference, tmp_path, layout, rank, at, step, saved):
+    ref_losses, ref_ckpt = ft_reference(layout)
     opts = [*BASE, *LAYOUTS[layout]]
     crash = mpirun(8, [*opts, *fault(rank, at, step)], cwd=tmp_path, timeout=120, ft=True)
     epoch, in_epoch = (saved - 1) // 10 + 1, (saved - 1) % 10 + 1
     where = f"{TTP}/tft_saved_checkpoints-step_{saved}"
     assert crash.returncode == 1, crash.stderr
     assert f"dsim: fault: killing rank {rank} (SIGKILL) during the {at} of step {step}" in crash.stdout
-    errors = [line for line in crash.stderr.splitlines() if line.startswith("dsim: error:")]
+    errors = error_lines(crash)
     assert len(errors) == 1 and re.fullmatch(
         rf"dsim: error: rank\(s\) {rank} failed; last-gasp checkpoint ttp-{epoch}_{in_epoch} \(global step {saved}\) "
         rf"committed in {where} by 7 survivors, \d+ ms after the failure was noticed; "
@@ -99,10 +64,10 @@ def test_kill_then_last_gasp_then_resume_is_bit_identical(references, tmp_path, 
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_both_replicas_killed_saves_nothing_and_resume_falls_back(references, tmp_path):
-    ref_losses, ref_ckpt = references["dp2xmp4"]
+def test_both_replicas_killed_saves_nothing_and_resume_falls_back(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
     crash = mpirun(8, [*BASE, *fault("[3,7]", "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
-    errors = [line for line in crash.stderr.splitlines() if line.startswith("dsim: error:")]
+    errors = error_lines(crash)
     assert crash.returncode == 1 and errors == [
         "dsim: error: rank(s) 3, 7 failed; no last-gasp checkpoint: the slices of ranks [3, 7] have no surviving "
         "holder; resume (--resume auto) falls back to the last periodic checkpoint"], crash.stderr
@@ -113,13 +78,13 @@ def test_both_replicas_killed_saves_nothing_and_resume_falls_back(references, tm
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_second_failure_during_the_last_gasp_leaves_no_partial_checkpoint(references, tmp_path):
+def test_second_failure_during_the_last_gasp_leaves_no_partial_checkpoint(ft_reference, tmp_path):
     """Rank 3 dies; its only replica, rank 7, dies half-way through writing the last gasp: nothing is committed."""
-    ref_losses, ref_ckpt = references["dp2xmp4"]
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
     crash = mpirun(8, [*BASE, *fault(3, "forward", 13, "--set", "fault.last_gasp_kill=7")], cwd=tmp_path,
                    timeout=120, ft=True)
     assert "killing rank 7 (SIGKILL) during the last-gasp save of step 12" in crash.stdout, crash.stdout
-    errors = [line for line in crash.stderr.splitlines() if line.startswith("dsim: error:")]
+    errors = error_lines(crash)
     assert crash.returncode == 1 and errors == [
         "dsim: error: rank(s) 3, 7 failed; no last-gasp checkpoint: the slices of ranks [3, 7] have no surviving "
         "holder; resume (--resume auto) falls back to the last periodic checkpoint"], crash.stderr
@@ -131,13 +96,13 @@ def test_second_failure_during_the_last_gasp_leaves_no_partial_checkpoint(refere
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_second_failure_with_a_replica_left_is_saved_by_the_rest(references, tmp_path):
+def test_second_failure_with_a_replica_left_is_saved_by_the_rest(ft_reference, tmp_path):
     """dp4 x mp2 k2: rank 0 dies, then rank 1 during the last gasp; the 6 left start again and commit."""
-    ref_losses, ref_ckpt = references["dp4xmp2k2"]
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
     opts = [*BASE, *LAYOUTS["dp4xmp2k2"]]
     crash = mpirun(8, [*opts, *fault(0, "forward", 13, "--set", "fault.last_gasp_kill=1")], cwd=tmp_path,
                    timeout=120, ft=True)
-    errors = [line for line in crash.stderr.splitlines() if line.startswith("dsim: error:")]
+    errors = error_lines(crash)
     assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
         "dsim: error: rank(s) 0, 1 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed in "
         f"{TTP}/tft_saved_checkpoints-step_12 by 6 survivors"), crash.stderr
@@ -146,9 +111,9 @@ def test_second_failure_with_a_replica_left_is_saved_by_the_rest(references, tmp
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_launch_scripts_with_ms_enable_tft(references, tmp_path):
+def test_launch_scripts_with_ms_enable_tft(ft_reference, tmp_path):
     """As the seed: MS_ENABLE_TFT='{TTP:1}', kill -9 rank 0 (the seed's controller, which dsim does not have)."""
-    ref_losses, _ = references["dp2xmp4"]
+    ref_losses, _ = ft_reference("dp2xmp4")
     opts = OPTS  # no tft.ttp: the environment variable turns it on
     config = str(ROOT / "configs" / "default.yaml")
     env = {"MS_ENABLE_TFT": "{TTP:1}"}

@@ -124,6 +124,15 @@ class ModelCheckpoint(Callback):
         cb = run_context.original_args()
         write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
 
+    def recovered(self, run_context):
+        """After an in-job repair back to a step whose checkpoint was due but interrupted: save it now."""
+        cb = run_context.original_args()
+        steps, epochs = self.config.save_checkpoint_steps, self.config.save_checkpoint_epochs
+        due = (steps and cb.cur_step_num % steps == 0) or (
+            epochs and cb.cur_step_num % cb.batch_num == 0 and cb.cur_epoch_num % epochs == 0)
+        if cb.cur_step_num and due and self.last_saved_step != cb.cur_step_num:
+            self.save(cb)
+
     def step_end(self, run_context):
         cb = run_context.original_args()
         n = self.config.save_checkpoint_steps

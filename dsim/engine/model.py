@@ -74,6 +74,8 @@ class Model:
                 c.join(ctx, joining)
             else:
                 c.begin(ctx)
+        if joining is not None:
+            _recovered(callbacks, ctx, train_dataset.init_step)
         while True:
             try:
                 self._loop(epoch, train_dataset, callbacks, ctx)
@@ -83,7 +85,7 @@ class Model:
                     raise
                 step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
                 train_dataset.set_init_step(step)
-                cb.cur_step_num = step
+                _recovered(callbacks, ctx, step)
         train_dataset.set_init_step(cb.cur_step_num)
         _call(callbacks, "end", ctx)
         return cb
@@ -106,6 +108,17 @@ class Model:
                 _call(callbacks, "epoch_end", ctx)
             if ctx.stop_requested:
                 break
+
+
+def _recovered(callbacks, ctx, step):
+    """After an in-job repair the state is that after `step`: tell the callbacks that care (e.g. a save due then)."""
+    cb = ctx.original_args()
+    cb.cur_step_num = step
+    if step:
+        cb.cur_epoch_num, cb.cur_step_in_epoch = (step - 1) // cb.batch_num + 1, (step - 1) % cb.batch_num + 1
+    for c in callbacks:
+        if hasattr(c, "recovered"):
+            c.recovered(ctx)
 
 
 def _call(callbacks, hook, ctx):

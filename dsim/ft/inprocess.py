@@ -49,7 +49,6 @@ class InProcessRecovery:
     def __init__(self, run):
         self.run = run
         self.pending = None  # (time of the fault, what) until the next step finishes
-        self.healed = False  # a process of this job died: MPI_Finalize could wait for it (see train.leave)
 
     def handles(self, exc) -> bool:
         return isinstance(exc, UCEError) or (isinstance(exc, MPI.Exception) and ulfm.unavailable_reason() is None)
@@ -95,9 +94,8 @@ class InProcessRecovery:
         exchange(groups, p.writers, run.optimizer, p.step)
         run.optimizer.sync(groups.shard)  # whole model-parallel slices again from the owned parts
         run.groups = run.model.groups = groups
-        self.healed = self.healed or bool(failed)
         self.pending = (t_fault, "heal" if failed else "uce")
-        if world.rank == 0:
+        if lead:  # the lowest survivor (a replacement may be rank 0 now)
             donors = ", ".join(f"rank {r} from rank {w} (group info {group_info(layout, r)})"
                                for r, w in sorted(p.writers.items()) if w != r)
             size = f"; world size back to {world.size}" if failed else ""
@@ -168,6 +166,5 @@ def join(parent) -> int:
     run.optimizer.sync(run.groups.shard)
     run.loader.set_init_step(step)
     run.model.recovery.pending = (joining["fault_time"], "heal")
-    run.model.recovery.healed = True
     run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
     return 0

@@ -1,0 +1,88 @@
+"""In-process fast recovery end to end: a UCE or a kill -9 is repaired inside the running job (one mpirun),
+and the final state is bit-identical to an uninterrupted run's. Every mpirun has a timeout."""
+import re
+
+import pytest
+
+from conftest import mpirun
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
+
+pytestmark = pytest.mark.e2e
+UCE = ["-m", "dsim.train", *OPTS, "--set", "tft.uce=true"]
+FINISHED = r"dsim: {}: step {} finished \d+ ms after the fault"
+
+
+def test_uce_on_ranks_0_and_5_is_repaired_in_the_job(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    proc = mpirun(8, [*UCE, *fault("uce", "[0,5]", "forward", "[6,13]")], cwd=tmp_path, check=0, ft=True)
+    out = proc.stdout
+    for rank, donor, step in [(0, 4, 6), (5, 1, 13)]:
+        assert f"dsim: fault: UCE: uncorrectable memory error on rank {rank} during the forward of step {step}" in out
+        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in the job: rank {rank} "
+                f"from rank {donor} (group info {sorted([rank, donor])}); training goes on after step {step - 1}") in out
+        assert re.search(FINISHED.format("uce", step), out), out
+    # one job, and every step's loss as in the uninterrupted run (the interrupted steps were redone)
+    assert LOSS.findall(out) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    repairs = events(tmp_path, "uce_repair")
+    assert [(e["damaged"], e["global_step"], e["donors"]) for e in repairs] == [([0], 5, {"0": 4}), ([5], 12, {"5": 1})]
+    assert [e["global_step"] for e in events(tmp_path, "recovered")] == [6, 13]
+
+
+def test_kill_is_healed_by_a_spawned_replacement(ft_reference, tmp_path):
+    """kill -9 of rank 3 with tft.arf: the survivors spawn a new rank 3, merge back to 8, and train on."""
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
+    args = [*UCE, *LAYOUTS["dp4xmp2k2"], "--set", "tft.arf=true", *fault("kill", 3, "update", 13)]
+    proc = mpirun(8, args, cwd=tmp_path, check=0, ft=True)
+    out = proc.stdout
+    assert "dsim: fault: killing rank 3 (SIGKILL) during the update of step 13" in out
+    assert ("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7 (group info [3, 7]); "
+            "world size back to 8; training goes on after step 13") in out, out
+    assert re.search(FINISHED.format("heal", 14), out), out
+    assert LOSS.findall(out) == ref_losses  # step 13 finished everywhere but on rank 3: nothing is redone
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    heal, = events(tmp_path, "heal")
+    assert heal["failed"] == [3] and heal["world_size"] == 8 and heal["global_step"] == 13
+
+
+def test_kill_during_a_save_is_healed_and_the_save_redone(ft_reference, tmp_path):
+    """Rank 0 dies half-way through its file of the step-14 checkpoint; its replacement takes rank 0."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    proc = mpirun(8, [*UCE, "--set", "tft.arf=true", *fault("kill", 0, "save", 14)], cwd=tmp_path, check=0, ft=True)
+    assert "world size back to 8; training goes on after step 14" in proc.stdout, proc.stdout
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == [
+        "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]  # step 14 saved after all
+    # rank 0 died in step 14's save, before its loss line was printed (the save runs first): only that line is missing
+    assert LOSS.findall(proc.stdout) == ref_losses[:13] + ref_losses[14:]
+    final_state_equal(ref_ckpt, ckpt, "network-2_10")
+
+
+def test_uce_without_a_replica_falls_back_to_the_periodic_checkpoint(ft_reference, tmp_path):
+    """dp2 x mp4 with optimizer shard 2: no rank holds rank 5's slices, so neither repair nor last gasp."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4k2")
+    args = [*UCE, *LAYOUTS["dp2xmp4k2"], *fault("uce", 5, "forward", 13)]
+    crash = mpirun(8, args, cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1
+    assert ("dsim: warning: no repair in the job: rank(s) 5 had an uncorrectable memory error (UCE); it cannot be "
+            "repaired: no healthy rank holds the slices of ranks [5]; falling back to the last-gasp checkpoint"
+            ) in crash.stderr, crash.stderr
+    assert error_lines(crash) == [
+        "dsim: error: rank(s) 5 had an uncorrectable memory error (UCE); no last-gasp checkpoint: the slices of "
+        "ranks [5] have no surviving holder; resume (--resume auto) falls back to the last periodic checkpoint"]
+    proc = mpirun(8, [*UCE, *LAYOUTS["dp2xmp4k2"], "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "dsim: resumed from run/checkpoints/rank_0/network-1_7.h5" in proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[7:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_kill_without_healing_falls_back_to_the_last_gasp(ft_reference, tmp_path):
+    """tft.uce on, tft.arf off: a dead rank cannot be replaced, so the survivors save the last gasp."""
+    crash = mpirun(8, [*UCE, *fault("kill", 3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1
+    assert ("dsim: warning: no repair in the job: rank(s) 3 died; replacing a dead process is off (tft.arf); "
+            "falling back to the last-gasp checkpoint") in crash.stderr, crash.stderr
+    error, = error_lines(crash)
+    assert error.startswith("dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed")
+    proc = mpirun(8, [*UCE, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ft_reference("dp2xmp4")[0][12:]
