@@ -1,0 +1,131 @@
+"""Fault tolerance's pure parts: the survivors' plan, OptTFTWrapper's states, MS_ENABLE_TFT, UCE damage."""
+import numpy as np
+import pytest
+
+from conftest import small_config
+from dsim.checkpoint.group_info import replica_sets
+from dsim.config import ConfigError, TFTConfig, apply_tft_env
+from dsim.engine import build_run
+from dsim.faults import corrupt
+from dsim.ft.last_gasp import plan
+from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper
+from dsim.parallel.layout import ParallelLayout
+
+DP2MP4 = replica_sets(ParallelLayout(2, 4, 1))  # [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_plan_takes_the_dead_ranks_files_from_their_replicas():
+    offers = {r: {11, 12} for r in range(8) if r != 3}
+    p = plan(offers, DP2MP4)
+    assert p.step == 12 and not p.lost
+    assert p.writers == {0: 0, 4: 4, 1: 1, 5: 5, 2: 2, 6: 6, 7: 7, 3: 7}
+
+
+def test_plan_chooses_the_newest_step_every_replica_set_holds():
+    # rank 3 died inside step 13's all-reduce: its replica 7 is stuck at 12, everyone else finished 13
+    offers = {r: {12, 13} for r in range(8) if r not in (3, 7)}
+    offers[7] = {11, 12}
+    p = plan(offers, DP2MP4)
+    assert p.step == 12 and p.writers[3] == 7 and p.writers[0] == 0
+
+
+def test_plan_loses_a_slice_whose_replicas_are_all_dead():
+    offers = {r: {12} for r in (1, 2, 5, 6)}
+    p = plan(offers, DP2MP4)
+    assert p.step is None and p.lost == [[0, 4], [3, 7]]
+
+
+def test_plan_without_a_common_step_saves_nothing():
+    offers = {r: {12} for r in range(8)}
+    offers[0], offers[4] = {14}, {14}
+    p = plan(offers, DP2MP4)
+    assert p.step is None and p.lost == [[1, 5], [2, 6], [3, 7]]  # the sets that lack the newest step offered
+
+
+def test_plan_spreads_the_dead_over_the_holders_round_robin():
+    sets = [[0, 2, 4, 6], [1, 3, 5, 7]]  # dp4 x mp2
+    offers = {r: {5} for r in (0, 1, 3)}
+    p = plan(offers, sets)
+    assert p.step == 5
+    assert p.writers == {0: 0, 2: 0, 4: 0, 6: 0, 1: 1, 3: 3, 5: 1, 7: 3}
+
+
+def test_plan_scales_to_a_large_world():
+    layout = ParallelLayout(512, 128, 2)  # 65,536 ranks
+    sets = replica_sets(layout)
+    offers = {r: {7, 8} for r in range(layout.world_size) if r % 1000}
+    p = plan(offers, sets)
+    assert p.step == 8 and len(p.writers) == layout.world_size and not p.lost
+
+
+@pytest.fixture
+def wrapped():
+    run = build_run(small_config(optimizer__name="adam", tft__ttp="true", parallel__model_parallel=1), FakeComm())
+    return run
+
+
+class FakeComm:
+    """A world of one rank: enough to build a run for the wrapper's local bookkeeping."""
+    rank, size = 0, 1
+
+    def Split(self, color, key):
+        return self
+
+
+def test_the_wrapper_offers_the_last_finished_step_and_the_one_before(wrapped):
+    opt = wrapped.optimizer
+    assert isinstance(opt, OptTFTWrapper) and opt.phase == NOT_STARTED and sorted(opt.states()) == [0]
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+    before = {n: a.copy() for n, a in opt.owned_arrays()}
+    opt.apply()
+    assert opt.phase == DONE and opt.global_step == 1 and sorted(opt.states()) == [0, 1]
+    assert all(np.array_equal(opt.states()[0][n], before[n]) for n in before)
+    seen = []
+    opt.apply(halfway=lambda: seen.append(opt.phase))  # the phase while the update runs
+    assert seen == [IN_PROGRESS] and sorted(opt.states()) == [1, 2]
+    opt.restore(1)
+    assert opt.global_step == 1 and opt.phase == NOT_STARTED
+    after_one = dict(opt.owned_arrays())
+    assert not all(np.array_equal(after_one[n], before[n]) for n in before)
+
+
+def test_an_interrupted_update_offers_only_the_state_before_it(wrapped):
+    opt = wrapped.optimizer
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+
+    def crash():
+        raise RuntimeError("killed half-way")
+    with pytest.raises(RuntimeError):
+        opt.apply(halfway=crash)
+    assert opt.phase == IN_PROGRESS and sorted(opt.states()) == [0]
+
+
+def test_a_uce_damages_buffers_and_the_rank_offers_nothing_until_it_receives(wrapped):
+    opt = wrapped.optimizer
+    before = {n: a.copy() for n, a in opt.owned_arrays()}
+    names = corrupt(opt, seed=5)
+    assert names and opt.states() == {}
+    assert any(not np.array_equal(a, before[n]) for n, a in opt.owned_arrays() if n in names)
+    opt.reallocate()
+    opt.received(4)
+    assert opt.global_step == 4 and sorted(opt.states()) == [4]
+
+
+@pytest.mark.parametrize("value,ttp,uce,arf", [
+    ("{TTP:1}", True, False, False),
+    ("{UCE:1 TTP:1}", True, True, False),
+    ("{UCE:0, TTP:1}", True, False, False),
+    ("{ARF:1}", True, False, True),   # ARF and UCE imply TTP
+    ("{TTP:0}", False, False, False),
+])
+def test_ms_enable_tft(value, ttp, uce, arf):
+    t = TFTConfig()
+    apply_tft_env(t, value)
+    assert (t.ttp, t.uce, t.arf) == (ttp, uce, arf)
+
+
+def test_ms_enable_tft_rejects_nonsense():
+    with pytest.raises(ConfigError, match="MS_ENABLE_TFT"):
+        apply_tft_env(TFTConfig(), "{TPP:1}")
