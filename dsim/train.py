@@ -82,8 +82,10 @@ def main(argv=None) -> int:
             leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
     except (MPI.Exception, UCEError, CannotRepair) as e:
-        if ulfm.unavailable_reason():
-            raise  # without fault tolerance this rank crashes, and MPI ends the job
+        why = ulfm.unavailable_reason()
+        if why:  # without fault tolerance this rank crashes, and MPI ends the job
+            print(f"dsim: error: rank {comm.rank}: {e} (no fault tolerance: {why})", file=sys.stderr, flush=True)
+            leave(1)
         if isinstance(e, CannotRepair) and e.lead:
             print(f"dsim: warning: no repair in the job: {e}; falling back to the last-gasp checkpoint",
                   file=sys.stderr, flush=True)

@@ -51,7 +51,8 @@ class InProcessRecovery:
         self.pending = None  # (time of the fault, what) until the next step finishes
 
     def handles(self, exc) -> bool:
-        return isinstance(exc, UCEError) or (isinstance(exc, MPI.Exception) and ulfm.unavailable_reason() is None)
+        """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM."""
+        return isinstance(exc, (UCEError, MPI.Exception)) and ulfm.unavailable_reason() is None
 
     def step_finished(self, global_step: int) -> None:
         """Log the time from a repaired fault to the next finished step (once)."""
