@@ -66,7 +66,7 @@ class InProcessRecovery:
 
     def recover(self, exc, callbacks) -> int:
         """Repair the job in place; returns the global step training goes on from. Collective over the living."""
-        t = getattr(exc, "time", None) or time.time()
+        t = time.time()
         run, cfg = self.run, self.run.cfg.tft
         old = run.groups
         ulfm.revoke(old.world, old.dp, old.mp, old.shard)
@@ -90,10 +90,15 @@ class InProcessRecovery:
             sets = "; ".join(f"ranks {g}" for g in p.lost)
             raise CannotRepair(f"{what}; it cannot be repaired: no healthy rank holds the slices of {sets}", lead)
         t0 = time.time()
-        world = self._respawn(comm, failed, p, callbacks, t_fault) if failed else comm
-        groups = Groups(world, layout)
-        exchange(groups, p.writers, run.optimizer, p.step)
-        run.optimizer.sync(groups.shard)  # whole model-parallel slices again from the owned parts
+        world = comm
+        try:
+            world = self._respawn(comm, failed, p, callbacks, t_fault) if failed else comm
+            groups = Groups(world, layout)
+            exchange(groups, p.writers, run.optimizer, p.step)
+            run.optimizer.sync(groups.shard)  # whole model-parallel slices again from the owned parts
+        except MPI.Exception:
+            ulfm.revoke(comm, world)  # another failure during the repair: nobody may wait on the new world
+            raise                     # (the caller falls back to the last gasp)
         run.groups = run.model.groups = groups
         self.pending = (t_fault, "heal" if failed else "uce")
         if lead:  # the lowest survivor (a replacement may be rank 0 now)
