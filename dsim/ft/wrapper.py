@@ -73,7 +73,7 @@ class OptTFTWrapper:
         for slot in self.optimizer.state.values():
             for name in slot:
                 slot[name] = np.empty_like(slot[name])
-        self.__dict__.update(previous=None, previous_step=None, phase=NOT_STARTED)
+        self.__dict__.update(damaged=True, previous=None, previous_step=None, phase=NOT_STARTED)  # empty until received
 
     def received(self, step: int) -> None:
         """The owned slices now hold `step`'s state, sent by a replica."""
