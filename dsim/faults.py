@@ -13,7 +13,7 @@ import os
 import signal
 from typing import Optional
 
-from .engine.callbacks import Callback, say
+from .engine.callbacks import Callback, event, say
 
 
 class InjectedFault(Exception):
@@ -43,17 +43,21 @@ class FaultInjector(Callback):
     def step_end(self, run_context):
         cb = run_context.original_args()
         if self.at == "step_end" and cb.cur_step_num == self.step:
-            self.fire(f"at step {cb.cur_step_num}")
+            self.fire(f"at step {cb.cur_step_num}", cb.cur_step_num)
 
     def epoch_end(self, run_context):
         cb = run_context.original_args()
         if self.at == "epoch_end" and cb.cur_epoch_num == self.epoch:
-            self.fire(f"at the end of epoch {cb.cur_epoch_num}")
+            self.fire(f"at the end of epoch {cb.cur_epoch_num}", cb.cur_step_num)
 
-    def fire(self, where: str):
+    def fire(self, where: str, global_step: int):
         if self.fired or (self.rank is not None and self.rank != self.my_rank):
             return
         self.fired = True
+        # recorded before it fires (a killed rank writes nothing after); an all-rank fault once, by rank 0
+        event("fault", any_rank=self.rank is not None, kind=self.kind,
+              rank="all" if self.rank is None else self.rank, where=where,
+              at=self.at, global_step=global_step)
         if self.kind == "kill":
             say(f"dsim: fault: killing rank {self.my_rank} (SIGKILL) {where}")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -64,4 +68,4 @@ def at_save_point(point: str, global_step: int) -> None:
     """Called by the checkpoint writer at 'save' (half-written file) and 'commit' (before the record)."""
     f = _armed
     if f is not None and f.at == point and (f.step is None or f.step == global_step):
-        f.fire(f"during the {point} of step {global_step}")
+        f.fire(f"during the {point} of step {global_step}", global_step)
