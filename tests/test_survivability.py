@@ -35,7 +35,9 @@ def test_matches_brute_force(dp, mp, k):
     assert sorted(map(tuple, sets)) == s.fatal_sets
     for c, v in s.survivors.items():
         assert v == count[c], c
-    assert max(s.survivors) == min(best + 1, layout.world_size)  # counted up to the first never-survivable size
+    assert sorted(s.survivors) == list(range(always + 1, min(best + 1, layout.world_size) + 1))
+    for c in range(1, layout.world_size + 1):
+        assert s.fraction(c) == count[c] / comb(layout.world_size, c), c
     for f in itertools.chain.from_iterable(itertools.combinations(range(layout.world_size), c) for c in (1, 2, 3)):
         assert s.survives(f) == (not any(set(x) <= set(f) for x in sets))
 
@@ -70,13 +72,18 @@ def test_no_replica_survives_nothing():
 def test_scales_to_65536_ranks_without_enumerating():
     layout = ParallelLayout(1024, 64, 2)   # replica sets of 512 ranks
     t0 = time.perf_counter()
-    s = survivability(layout)
-    took = time.perf_counter() - t0
+    s = survivability(layout, rows=2 * 512 - 511)
     assert (s.always, s.at_best, len(s.fatal_sets)) == (511, 65536 - 128, 128)
-    assert s.survivors[511] == comb(65536, 511)   # below the smallest fatal set every failure set survives
+    assert s.fraction(511) == 1.0   # below the smallest fatal set every failure set survives
     # one more failure: exactly the sets equal to a whole replica set are fatal
     assert s.survivors[512] == comb(65536, 512) - 128
-    assert took < 30, took  # generous: a shared 2-core machine
+    # two replica sets share no rank: 1024 failures hold both in C(128, 2) ways
+    assert s.survivors[1024] == comb(65536, 1024) - 128 * comb(65536 - 512, 512) + comb(128, 2)
+    one = survivability(ParallelLayout(65536, 1, 1))   # a single replica set of every rank
+    assert (one.always, one.at_best, one.survivors) == (65535, 65535, {65536: 0})
+    two = survivability(ParallelLayout(2, 32768, 1))
+    assert (two.always, two.at_best, two.survivors[2]) == (1, 32768, comb(65536, 2) - 32768)
+    assert time.perf_counter() - t0 < 30  # milliseconds really; generous on a shared 2-core machine
 
 
 def test_parse_layout():
