@@ -66,7 +66,10 @@ class Survivability:
             which = _list_sets(relevant, show)
             how = "except" if sizes == {c} else "except those containing"
             noun = "rank" if c == 1 else "ranks"
-            out.append(f"any {_count(c)} {noun} {how} {which} ({self.survivors[c]:,} of {comb(n, c):,} survive)")
+            total = comb(n, c)
+            share = (f"{self.survivors[c]:,} of {total:,}" if total < 10**12 else
+                     f"{self.survivors[c] / total:.6%} of the C({n:,}, {c})")
+            out.append(f"any {_count(c)} {noun} {how} {which} ({share} survive)")
         last = max(self.survivors, default=0)
         if last < self.at_best:
             out.append(f"{last + 1} to {self.at_best} ranks: only those sparing a rank of every fatal set")
@@ -177,7 +180,7 @@ def _count(c: int) -> str:
 
 def _list_sets(sets: list, show: int) -> str:
     shown = ", ".join("{" + ",".join(map(str, s)) + "}" for s in sets[:show])
-    return shown + (f", … ({len(sets)} sets)" if len(sets) > show else "")
+    return shown + (f" and {len(sets) - show:,} more" if len(sets) > show else "")
 
 
 def parse_layout(text: str) -> ParallelLayout:
