@@ -12,10 +12,10 @@ TEST_TIMEOUT ?= 900
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh
+$(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,plot]'  # plot: the loss-curve test runs too
 	@# the environment's activate script carries the Open MPI settings (see launch/env.sh)
 	sed -i '/# >>> dsim >>>/,/# <<< dsim <<</d' $(VENV)/bin/activate
 	{ echo '# >>> dsim >>>'; cat launch/env.sh; echo '# <<< dsim <<<'; } >> $(VENV)/bin/activate

@@ -81,31 +81,33 @@ class FaultInjector(Callback):
     def step_end(self, run_context):
         cb = run_context.original_args()
         if self.at == "step_end" and cb.cur_step_num == self.step:
-            self.fire(f"at step {cb.cur_step_num}")
+            self.fire(f"at step {cb.cur_step_num}", cb.cur_step_num)
 
     def epoch_end(self, run_context):
         cb = run_context.original_args()
         if self.at == "epoch_end" and cb.cur_epoch_num == self.epoch:
-            self.fire(f"at the end of epoch {cb.cur_epoch_num}")
+            self.fire(f"at the end of epoch {cb.cur_epoch_num}", cb.cur_step_num)
 
-    def fire(self, where: str):
+    def fire(self, where: str, global_step: int):
         if self.fired or (self.ranks is not None and self.my_rank not in self.ranks):
             return
         self.fired = True
+        # recorded before it fires (a killed rank writes nothing after); an all-rank fault once, by rank 0
+        event("fault", any_rank=self.ranks is not None, kind=self.kind,
+              rank="all" if self.ranks is None else self.my_rank, where=where,
+              at=self.at, global_step=global_step)
         if self.kind == "kill":
             kill(f"dsim: fault: killing rank {self.my_rank} (SIGKILL) {where}")
         if self.kind == "uce":
             error = UCEError(self.my_rank, where, corrupt(self.optimizer, self.my_rank))
             say(f"dsim: fault: {error}")
-            event("fault", any_rank=True, kind="uce", message=str(error))
             raise error
         raise InjectedFault(f"Some errors happen. (injected on rank {self.my_rank} {where})")
 
 
 def kill(message: str) -> None:
-    """Say why, record it, and SIGKILL this process (no clean-up, as a real crash)."""
+    """Say why and SIGKILL this process (no clean-up, as a real crash)."""
     say(message)
-    event("fault", any_rank=True, kind="kill", message=message)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -113,6 +115,8 @@ def during_last_gasp(rank: int, global_step: int) -> None:
     """Called half-way through a survivor's last-gasp writes: the configured second failure strikes here."""
     f = _armed
     if f is not None and f.last_gasp_kill == rank:
+        event("fault", any_rank=True, kind="kill", rank=rank, where="during the last-gasp save",
+              at="last_gasp", global_step=global_step)
         kill(f"dsim: fault: killing rank {rank} (SIGKILL) during the last-gasp save of step {global_step}")
 
 
@@ -123,4 +127,4 @@ def at_point(point: str, global_step: int) -> None:
     """Called where a fault may strike inside a step (forward, allreduce, update) or a save (save, commit)."""
     f = _armed
     if f is not None and f.at == point and (f.step is None or f.step == global_step):
-        f.fire(f"during the {point} of step {global_step}")
+        f.fire(f"during the {point} of step {global_step}", global_step)

@@ -15,12 +15,14 @@ Nothing is ever deleted.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from ..engine import callbacks
 from ..engine.callbacks import say
 from ..parallel.layout import ParallelLayout
 from . import commit as cm
@@ -146,6 +148,8 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
             for r, donor in sorted(plan.donors.items()):
                 log(f"dsim: recovery: rank {r}: {broken[r]}; using the replica on rank {donor} "
                     f"(group info {layout.replica_group(r)})")
+                record_event(run, "repair", rank=r, donor=donor, checkpoint=record["name"],
+                             global_step=record["global_step"], reason=broken[r], written_back=repair)
         shard = exchange(comm, plan.donors, shard)
         if repair and plan.donors:
             _repair_all(comm, directory, record, layout, plan, shard, log)
@@ -183,6 +187,22 @@ def resume(run, which: str = "auto", repair: bool = False) -> int:
     step = run.loader.init_step
     if run.groups.world.rank == 0:
         epoch, in_epoch = run.loader.position(step)
+        record_event(run, "resume", checkpoint=record["name"], global_step=step, epoch=epoch + 1, step_in_epoch=in_epoch)
         say(f"dsim: resumed from {file_for(record['directory'], record, 0)} "
             f"(global step {step}: epoch {epoch + 1} step {in_epoch})")
     return step // run.loader.get_dataset_size()
+
+
+def record_event(run, name: str, **fields) -> None:
+    """Record an event in the run's metrics.jsonl from rank 0, also before training began.
+
+    callbacks.event() needs the MetricsLog of a running training; a resume happens before it starts,
+    so the line (in MetricsLog's shape) is then appended directly.
+    """
+    if callbacks._metrics is not None:
+        callbacks.event(name, **fields)
+        return
+    path = Path(run.cfg.output.dir) / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"event": name, "time": time.time(), "rank": run.groups.world.rank, **fields}) + "\n")

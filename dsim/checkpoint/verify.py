@@ -1,0 +1,140 @@
+"""Verify a committed checkpoint offline: every file, every checksum, every slice covered exactly once.
+
+For a checkpoint of a directory (catalog.Checkpoint):
+1. every rank's file named by the commit record exists, is a dsim checkpoint of the committed step and
+   of that rank, and every dataset's CRC-32 matches its data;
+2. for every parameter and optimizer state, the distinct slices held by the ranks tile the global shape:
+   no gap, no overlap (coverage.py, from the offsets/extents attributes), and every rank holds every tensor;
+3. the ranks of each replica set (group info) hold the same slices with the same checksums, so any one
+   of them can stand in for another, as recovery assumes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import h5py
+
+from .catalog import Checkpoint, ShardIndex, group_sets, read_index
+from .coverage import coverage
+from .errors import CheckpointError
+from .format import crc32
+
+
+@dataclass
+class Verification:
+    """Problems found (one line each; empty when clean) and what was checked."""
+
+    checkpoint: str
+    problems: list = field(default_factory=list)
+    files: int = 0
+    tensors: int = 0
+    checksums: int = 0
+    replica_sets: list = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"checkpoint": self.checkpoint, "clean": self.clean, "problems": self.problems, "files": self.files,
+                "tensors": self.tensors, "checksums": self.checksums, "replica_sets": self.replica_sets}
+
+
+def bad_checksums(path) -> list[str]:
+    """Datasets of a checkpoint file whose data no longer matches their CRC-32 attribute."""
+    bad = []
+    with h5py.File(path, "r") as f:
+        for kind in ("params", "optimizer"):
+            for name, ds in f.get(kind, {}).items():
+                try:
+                    if crc32(ds[()]) != int(ds.attrs["crc32"]):
+                        bad.append(f"{kind}/{name}")
+                except (OSError, KeyError, ValueError):
+                    bad.append(f"{kind}/{name} (unreadable)")
+    return bad
+
+
+def indexes_of(checkpoint: Checkpoint) -> dict:
+    """rank -> ShardIndex, or the one-line reason its file cannot be read."""
+    out = {}
+    for s in checkpoint.shards:
+        try:
+            out[s.rank] = read_index(s.path)
+        except CheckpointError as e:
+            out[s.rank] = str(e)
+    return out
+
+
+def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
+    """Check one committed checkpoint (steps 1-3 above); checksums=False reads attributes only."""
+    v = Verification(checkpoint.name)
+    record = checkpoint.record
+    indexes = indexes_of(checkpoint)
+    good = {}
+    for s in checkpoint.shards:
+        ix = indexes[s.rank]
+        if not isinstance(ix, ShardIndex):
+            v.problems.append(f"rank {s.rank}: {ix}")
+            continue
+        v.files += 1
+        meta = ix.meta
+        if meta.get("global_step") != record.get("global_step"):
+            v.problems.append(f"rank {s.rank}: {s.relpath} holds global step {meta.get('global_step')}, "
+                              f"the commit record says {record.get('global_step')}")
+        if not record.get("integrated_save") and meta.get("rank") != s.rank:
+            v.problems.append(f"rank {s.rank}: {s.relpath} holds rank {meta.get('rank')}'s shard")
+        if checksums:
+            try:
+                bad = bad_checksums(s.path)
+            except OSError:
+                bad = ["(file unreadable)"]
+            v.checksums += len(ix.tensors)
+            v.problems += [f"rank {s.rank}: checksum mismatch in {s.relpath}: {b}" for b in bad]
+        good[s.rank] = ix
+    if not good:
+        return v
+    # 2. coverage of every tensor by the distinct slices of all ranks
+    names = sorted({n for ix in good.values() for n in ix.tensors})
+    v.tensors = len(names)
+    for name in names:
+        held = {r: ix.tensors[name] for r, ix in good.items() if name in ix.tensors}
+        lacking = sorted(set(good) - set(held))
+        if lacking:
+            v.problems.append(f"{name}: missing from the file(s) of rank(s) {_ranks(lacking)}")
+        shapes = {t[0] for t in held.values()}
+        if len(shapes) > 1:
+            v.problems.append(f"{name}: ranks disagree on the global shape: {sorted(shapes)}")
+            continue
+        bad_shape = [r for r, t in held.items() if tuple(t[4]) != tuple(t[1].extents)]
+        if bad_shape:
+            v.problems.append(f"{name}: data shape differs from the stored extents on rank(s) {_ranks(bad_shape)}")
+        v.problems += coverage(shapes.pop(), [(t[1].offsets, t[1].extents) for t in held.values()]).problems(name)
+    # 3. replica sets hold identical slices
+    v.replica_sets = group_sets(good, checkpoint)
+    if not record.get("integrated_save"):
+        for r, ix in good.items():
+            gi = ix.meta.get("group_info")
+            if not isinstance(gi, list) or r not in gi:
+                v.problems.append(f"rank {r}: group info {gi!r} does not include the rank itself")
+                continue
+            for m in gi:
+                if m in good and good[m].meta.get("group_info") != gi:
+                    v.problems.append(f"rank {r}: group info {gi} disagrees with rank {m}'s "
+                                      f"{good[m].meta.get('group_info')}")
+    for group in v.replica_sets:
+        members = [r for r in group if r in good]
+        for r in members[1:]:
+            a, b = good[members[0]].tensors, good[r].tensors
+            differ = sorted(n for n in set(a) & set(b) if (a[n][1], a[n][2]) != (b[n][1], b[n][2]))
+            if differ:
+                v.problems.append(f"replica set {_set(group)}: ranks {members[0]} and {r} hold different "
+                                  f"slices or data of {', '.join(differ[:3])}" + (" …" if len(differ) > 3 else ""))
+    return v
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _set(group) -> str:
+    return "{" + ",".join(map(str, group)) + "}"

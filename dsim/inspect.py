@@ -1,0 +1,278 @@
+"""Look into checkpoint directories: list, verify, survivability, merge into whole tensors.
+
+    $ python -m dsim.inspect runs/default                     # every checkpoint directory under it
+    $ python -m dsim.inspect runs/default --verify            # checksums and coverage; exit 0 only when clean
+    $ python -m dsim.inspect runs/default --json              # the same, for scripts
+    $ python -m dsim.inspect --survivability runs/default     # which rank failures leave a full copy
+    $ python -m dsim.inspect --survivability --layout dp=2,mp=4,k=1
+    $ python -m dsim.inspect --merge runs/default/checkpoints/network-6_10 -o full.h5
+
+DIR is a checkpoint directory (commit records `<name>.commit` beside `rank_<r>/` shard directories) or
+any directory whose subdirectories, two levels down, are (runs/x/checkpoints,
+runs/x/ttp_checkpoints/tft_saved_checkpoints-step_12). CKPT names one checkpoint: `<dir>/<name>`, its
+commit record `<dir>/<name>.commit`, any of its files (`<dir>/rank_0/<name>.h5`), or a checkpoint
+directory (its newest committed checkpoint). Bad input is one `dsim: error:` line and exit 2;
+--verify exits 1 when it finds a problem.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .checkpoint.catalog import CheckpointDir, ShardIndex, find_checkpoint_dirs, group_sets, is_checkpoint_dir, scan
+from .checkpoint.errors import CheckpointError
+from .checkpoint.merge import merge
+from .checkpoint.survivability import parse_layout, survivability
+from .checkpoint.verify import indexes_of, verify
+from .parallel.layout import LayoutError
+
+
+class UsageError(Exception):
+    """Bad paths or arguments: one line, exit 2."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m dsim.inspect", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("dir", nargs="?", metavar="DIR", help="a checkpoint directory, or a directory above some")
+    parser.add_argument("--verify", action="store_true",
+                        help="check every checksum and that the slices of every tensor tile it (no gap, no overlap)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    parser.add_argument("--shards", action="store_true", help="list every rank's file of every checkpoint")
+    parser.add_argument("--survivability", action="store_true",
+                        help="which simultaneous rank failures leave a complete copy of the state")
+    parser.add_argument("--layout", metavar="dp=D,mp=M,k=K", help="with --survivability: a layout instead of DIR")
+    parser.add_argument("--merge", metavar="CKPT", help="write whole tensors of CKPT as HDF5 virtual datasets")
+    parser.add_argument("-o", "--output", metavar="FILE", help="with --merge: the merged file to write")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.merge:
+            if args.dir or not args.output:
+                raise UsageError("--merge CKPT takes -o FILE and no DIR")
+            return do_merge(args)
+        if args.output or args.layout and not args.survivability:
+            raise UsageError("-o goes with --merge, --layout with --survivability")
+        if args.survivability:
+            return do_survivability(args)
+        if not args.dir:
+            raise UsageError("give a checkpoint directory (python -m dsim.inspect DIR), or see --help")
+        return do_list(args)
+    except (UsageError, CheckpointError, LayoutError, ValueError) as e:
+        print(f"dsim: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"dsim: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+
+
+# -- finding what to look at --------------------------------------------------------------------------
+def checkpoint_dirs(path: str) -> list[CheckpointDir]:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"no such directory: {path}")
+    if not p.is_dir():
+        raise UsageError(f"not a directory: {path} (give the directory holding the checkpoints)")
+    found = find_checkpoint_dirs(p)
+    if not found:
+        raise UsageError(f"no checkpoint directory (*.commit records or rank_*/ shards) in {path}")
+    return [scan(d) for d in found]
+
+
+def resolve_checkpoint(spec: str):
+    """The catalog.Checkpoint a CKPT argument names (see the module docstring)."""
+    p = Path(spec)
+    if p.is_dir() and is_checkpoint_dir(p):
+        d, name = p, None
+    elif p.suffix == ".commit":
+        d, name = p.parent, p.stem
+    elif p.suffix in (".h5", ".ckpt"):
+        d = p.parent.parent if p.parent.name.startswith("rank_") else p.parent
+        name = p.stem
+    else:
+        d, name = p.parent, p.name
+    if not d.is_dir():
+        raise UsageError(f"no such checkpoint directory: {d}")
+    catalog = scan(d)
+    committed = catalog.committed
+    if name is None:
+        if not committed:
+            raise UsageError(f"no committed checkpoint in {d}")
+        return committed[-1]
+    for c in reversed(committed):
+        if c.name == name:
+            return c
+    known = ", ".join(c.name for c in committed[-5:]) or "none"
+    raise UsageError(f"no committed checkpoint named {name} in {d} (newest: {known})")
+
+
+# -- listing and verifying ------------------------------------------------------------------------------
+def describe_dir(catalog: CheckpointDir, verify_it: bool) -> dict:
+    """Everything the listing shows about a directory, as plain data (the --json document's part)."""
+    entries, sets = [], []
+    for c in catalog.checkpoints:
+        indexes = indexes_of(c)
+        first = next((ix for ix in indexes.values() if isinstance(ix, ShardIndex)), None)
+        meta = first.meta if first else {}
+        rec = {**meta, **c.record}
+        entry = {"name": c.name, "prefix": rec.get("prefix"), "epoch": rec.get("epoch"),
+                 "step_in_epoch": rec.get("step_in_epoch"), "global_step": rec.get("global_step"),
+                 "committed": c.committed, "size": c.size, "files": len(c.shards), "present": c.present,
+                 "layout": rec.get("layout"), "world_size": rec.get("world_size"),
+                 "integrated_save": bool(rec.get("integrated_save")),
+                 "shards": [{"rank": s.rank, "file": s.relpath, "size": s.size,
+                             "group_info": indexes[s.rank].meta.get("group_info")
+                             if isinstance(indexes[s.rank], ShardIndex) else None,
+                             "error": None if isinstance(indexes[s.rank], ShardIndex) else indexes[s.rank]}
+                            for s in c.shards],
+                 "replica_sets": group_sets(indexes, c) if c.committed else []}
+        if verify_it and c.committed:
+            entry["verify"] = verify(c).to_dict()
+        if c.committed:
+            sets = entry["replica_sets"]
+        entries.append(entry)
+    problems = list(catalog.problems) + [f"{e['name']}: {p}" for e in entries for p in e.get("verify", {}).get("problems", [])]
+    return {"path": str(catalog.path), "checkpoints": entries, "replica_sets": sets, "notes": catalog.notes,
+            "clean": not problems if verify_it else None, "problems": problems if verify_it else list(catalog.problems)}
+
+
+def do_list(args) -> int:
+    dirs = [describe_dir(c, args.verify) for c in checkpoint_dirs(args.dir)]
+    clean = all(d["clean"] for d in dirs) if args.verify else None
+    if args.json:
+        print(json.dumps({"directories": dirs, "clean": clean}, indent=1))
+    else:
+        for i, d in enumerate(dirs):
+            if i:
+                print()
+            print_dir(d, args.shards, args.verify)
+    return 0 if clean in (None, True) else 1
+
+
+def _size(n) -> str:
+    if n is None:
+        return "missing"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _layout(layout) -> str:
+    if not isinstance(layout, dict):
+        return "?"
+    return f"dp={layout.get('data_parallel')} mp={layout.get('model_parallel')} k={layout.get('optimizer_shard')}"
+
+
+def _sets(sets, show=8) -> str:
+    text = " ".join("{" + ",".join(map(str, s)) + "}" for s in sets[:show])
+    return text + (f" … ({len(sets)} sets)" if len(sets) > show else "")
+
+
+def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
+    entries = d["checkpoints"]
+    committed = [e for e in entries if e["committed"]]
+    head = f"{d['path']}: {len(committed)} committed checkpoint(s)"
+    if len(entries) > len(committed):
+        head += f", {len(entries) - len(committed)} never committed"
+    print(head)
+    rows = [("checkpoint", "epoch", "step", "global_step", "committed", "shards", "size", "layout", "world")]
+    for e in entries:
+        rows.append((e["name"], _str(e["epoch"]), _str(e["step_in_epoch"]), _str(e["global_step"]),
+                     "yes" if e["committed"] else "no", f"{e['present']}/{e['files']}" + (" (integrated)"
+                     if e["integrated_save"] else ""), _size(e["size"]), _layout(e["layout"]), _str(e["world_size"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    right = {1, 2, 3, 8}
+    for r in rows:
+        print("  " + "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+    for note in d["notes"]:
+        print(f"  note: {note}")
+    if d["replica_sets"]:
+        print(f"  replica sets (group info): {_sets(d['replica_sets'])}")
+    shown = entries if all_shards else [e for e in entries if e["committed"]][-1:] + [
+        e for e in entries if e["present"] < e["files"] and e["committed"]]
+    for e in {id(e): e for e in shown}.values():
+        print(f"  shards of {e['name']}:")
+        w = max(len(s["file"]) for s in e["shards"])
+        for s in e["shards"]:
+            extra = f"group info {s['group_info']}" if s["group_info"] is not None else (s["error"] or "")
+            print(f"    rank {s['rank']:<3} {s['file']:<{w}}  {_size(s['size']):>10}  {extra}".rstrip())
+    if verified:
+        for e in entries:
+            if not e["committed"]:
+                print(f"  verify {e['name']}: skipped (never committed: a leftover of an interrupted save)")
+                continue
+            v = e["verify"]
+            if v["clean"]:
+                print(f"  verify {e['name']}: ok ({v['files']} files, {v['tensors']} tensors, {v['checksums']} "
+                      f"checksums, every slice covered once)")
+            else:
+                print(f"  verify {e['name']}: {len(v['problems'])} problem(s)")
+                for p in v["problems"]:
+                    print(f"    {p}")
+        bad = [e for e in committed if not e["verify"]["clean"]]
+        extra = [p for p in d["problems"] if not any(p.startswith(e["name"] + ": ") for e in entries)]
+        for p in extra:
+            print(f"  problem: {p}")
+        print(f"{d['path']}: " + ("clean" if d["clean"] else
+                                  f"{len(bad)} of {len(committed)} committed checkpoint(s) with problems"
+                                  + (f", {len(extra)} other problem(s)" if extra else "")))
+
+
+def _str(x) -> str:
+    return "?" if x is None else str(x)
+
+
+# -- survivability ----------------------------------------------------------------------------------------
+def do_survivability(args) -> int:
+    if bool(args.dir) == bool(args.layout):
+        raise UsageError("--survivability takes a checkpoint DIR or --layout dp=D,mp=M,k=K (one of them)")
+    reports = []
+    if args.layout:
+        layout = parse_layout(args.layout)
+        from .checkpoint.group_info import replica_sets
+        reports.append((f"layout {_layout(layout.to_dict())}", replica_sets(layout), layout.world_size))
+    else:
+        for catalog in checkpoint_dirs(args.dir):
+            if not catalog.committed:
+                continue
+            c = catalog.committed[-1]
+            sets = group_sets(indexes_of(c), c)
+            if sets:
+                reports.append((f"{c.directory / c.name}", sets, int(c.record.get("world_size") or 0) or None))
+        if not reports:
+            raise UsageError(f"no committed checkpoint with group info in {args.dir}")
+    out = []
+    for title, sets, n in reports:
+        s = survivability(sets, world_size=n)
+        out.append({"source": title, "replica_sets": sets, **s.to_dict(), "description": s.lines()})
+        if not args.json:
+            print(f"{title}: {s.world_size} ranks, replica sets (group info) {_sets(sets)}")
+            print("  simultaneous failures that leave a complete copy of the state:")
+            for line in s.lines():
+                print(f"    {line}")
+            print(f"  largest failure count always survivable: {s.always} (at best {s.at_best}: "
+                  f"when one rank of every replica set is spared)")
+    if args.json:
+        print(json.dumps(out if len(out) > 1 else out[0], indent=1))
+    return 0
+
+
+# -- merge ------------------------------------------------------------------------------------------------
+def do_merge(args) -> int:
+    c = resolve_checkpoint(args.merge)
+    shapes = merge(c, args.output)
+    ranks = c.present
+    print(f"merged {c.name} ({len(shapes)} tensors, global step {c.global_step}) into {args.output}: "
+          f"virtual datasets over {ranks} file(s) of {c.directory}, nothing copied")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
