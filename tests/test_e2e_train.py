@@ -75,3 +75,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, msg):
     assert len(errors) == 1 and msg in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("ft", [False, True])
+def test_an_exception_on_one_rank_ends_the_job_instead_of_hanging(tmp_path, ft):
+    """Rank 3 alone raises at step 5: the others must not wait for it forever, with or without ULFM."""
+    proc = mpirun(8, ["-m", "dsim.train", *SMALL, "--set", "fault.kind=exception", "--set", "fault.rank=3",
+                      "--set", "fault.step=5", "--set", "output.dir=run"], cwd=tmp_path, timeout=90, ft=ft)
+    assert proc.returncode != 0
+    assert "dsim: error: rank 3: Some errors happen. (injected on rank 3 at step 5)" in proc.stderr, proc.stderr

@@ -8,7 +8,6 @@ which is what lets a rank be repaired from its replica, and reruns of a layout a
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from .layout import ParallelLayout
 
@@ -82,6 +81,7 @@ def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
 
 
 def _mpi_type(a: np.ndarray):
+    from mpi4py import MPI  # here, so that importing dsim (e.g. for python -m dsim.inspect) does not start MPI
     return MPI._typedict[a.dtype.char]
 
 
