@@ -105,6 +105,7 @@ def on_process_failure(run, noticed_at: float, error) -> int:
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
+    time.sleep(0.05 * out.position)  # one at a time: the launcher has deadlocked on many such exits at once
     leave(1)
 
 

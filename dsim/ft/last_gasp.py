@@ -90,7 +90,12 @@ class Outcome:
     lost: list = field(default_factory=list)
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
-    lead: bool = False     # this rank reports it (the lowest living rank)
+    position: int = 0      # this rank's place among the living
+
+    @property
+    def lead(self) -> bool:
+        """Whether this rank reports it: the lowest living rank."""
+        return self.position == 0
 
     def message(self) -> str:
         who = "; ".join(
@@ -114,7 +119,7 @@ def without_checkpoint(run) -> Outcome:
     groups = run.groups
     revoke(groups.world, groups.dp, groups.mp, groups.shard)
     comm, failed = shrink(groups.world)
-    return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+    return Outcome(failed, survivors=comm.size, position=comm.rank)
 
 
 def save(run, noticed_at: float) -> Outcome:
@@ -142,11 +147,11 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     damaged = sorted(r for r, steps in offers.items() if not steps)
     first_noticed = min(t for _, _, t in reports)
     if not failed and not damaged:  # everyone alive and whole: an MPI error of another kind
-        return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+        return Outcome(failed, survivors=comm.size, position=comm.rank)
     p = plan({r: s for r, s in offers.items() if s}, sets)
     if p.step is None:
         comm.Agree(1)  # nothing is written: just agree that all know
-        out = Outcome(failed, damaged, lost=p.lost, survivors=comm.size, lead=comm.rank == 0)
+        out = Outcome(failed, damaged, lost=p.lost, survivors=comm.size, position=comm.rank)
         if comm.rank == 0:
             event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
         return out
@@ -157,7 +162,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     record_path = cm.commit_path(directory, name)
     if record_path.exists():  # saved before (e.g. the committer died after committing): never overwrite it
         comm.Agree(1)
-        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0)
+        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, position=comm.rank)
     ok, error = 1, None
     try:
         for rank, writer in sorted(p.writers.items()):
@@ -178,7 +183,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     comm.Agree(1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - first_noticed),
-                  lead=comm.rank == 0)
+                  position=comm.rank)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
               directory=str(directory), ms=round(out.ms, 1), noticed_at=first_noticed)
