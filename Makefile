@@ -38,8 +38,9 @@ test-e2e: venv
 # Benchmarks (not tests): a table on stdout and bench/results/latest.json. BENCH_QUICK=1 for smaller sizes.
 # The optional `bench` extra (torch==2.13.0, CPU build) adds the torch.distributed.checkpoint column.
 bench: venv
-	$(PY) -m pip install --quiet -e '.[bench]' || echo "bench: torch==2.13.0 not installed; the DCP column will say so"
-	$(ENV) $(PY) -m bench $(if $(BENCH_QUICK),--size quick) $(BENCH_ARGS)
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet -e '.[bench]' || \
+		echo "bench: torch==2.13.0 not installed; the DCP column will say so"
+	$(ENV) BENCH_COMMAND="make bench$(if $(BENCH_QUICK), BENCH_QUICK=1)" $(PY) -m bench $(if $(BENCH_QUICK),--size quick) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

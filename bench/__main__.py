@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 import tempfile
@@ -30,7 +31,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-dcp", action="store_true", help="leave torch.distributed.checkpoint out")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (default %(default)s)")
     ap.add_argument("--workdir", type=Path, default=None,
-                    help="where benchmark files go (default: a temporary directory on the work disk, removed)")
+                    help="where benchmark files go (default: bench/.work on the work disk); removed when done")
     return ap.parse_args(argv)
 
 
@@ -41,13 +42,14 @@ def main(argv=None) -> int:
     if unknown:
         print(f"bench: error: unknown suite {', '.join(unknown)} (known: {', '.join(SUITES)})", file=sys.stderr)
         return 2
-    base = opts.workdir or harness.ROOT
+    base = opts.workdir or harness.ROOT / "bench" / ".work"
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dsim-bench-", dir=base) as tmp:
         workdir = Path(tmp)
         opts.logdir = opts.out.parent / "logs"
         opts.logdir.mkdir(parents=True, exist_ok=True)
         results = {"command": shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])]),
+                   "invoked_as": os.environ.get("BENCH_COMMAND"),
                    "size": opts.size, "started": harness.now(), "machine": harness.machine_facts(workdir),
                    "versions": harness.versions(), "suites": {}}
         results["machine"]["drop_caches_writable"] = drop_all_permitted()
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
             results["suites"][name] = {"title": suite.TITLE, "seconds": time.perf_counter() - t0, **result}
             print(f"bench: {name} done in {time.perf_counter() - t0:.0f} s", flush=True)
         results["finished"] = harness.now()
-        results["machine"]["load_average_at_end"] = list(__import__("os").getloadavg())
+        results["machine"]["load_average_at_end"] = list(os.getloadavg())
     text = harness.table(results)
     results["table"] = text
     harness.write_json(opts.out, results)

@@ -99,6 +99,8 @@ def run(params: dict, workdir, opts) -> dict:
     rows.append(text_row(f"group info over all files of one checkpoint, {largest:,} ranks",
                          f"{s['group_info_entries_all_files']:,} rank entries (world x dp: grows as the square)"))
     rows.append(row(f"graph meta (once per run), {largest:,} ranks", [s["graph_meta_bytes"]], "B"))
+    rows.append(row(f"planning without the commit record, {largest:,} ranks (dp{largest // 4} x mp4)",
+                    [t - c for t, c in zip(big["seconds"]["total"], big["seconds"]["commit_record"])], "s"))
     k8 = figures[f"mp8_k8/{largest}"]
     rows.append(row(f"planning, {largest:,} ranks (dp{largest // 8} x mp8, optimizer shard 8; "
                     f"{k8['sizes']['distinct_slices']} distinct slices)", k8["seconds"]["total"], "s"))

@@ -54,6 +54,11 @@ def summarize(params: dict, raw: dict) -> dict:
             ok = min(ratios) >= target if target else None
             rows.append(row(f"{op}: dsim speed / {other} speed (same repeat)", ratios, "x",
                             f">= {target}x" if target else None, ok))
+        phase = "write_file" if op == "save" else "read_file"
+        inner = [r[f"{op}_s"]["raw"] / r["dsim_phases_s"][phase] for r in reps]
+        figures[f"{op}_dsim_{phase}_over_raw"] = inner
+        rows.append(row(f"{op}: dsim's HDF5 files alone (format.{phase}, slowest rank) / raw", inner, "x",
+                        note="diagnostic"))
         if "dcp" not in methods:
             rows.append(text_row(f"{op}: DCP", raw["dcp"]))
     resident = max(v for r in reps for v in r["resident_before_load"].values())

@@ -13,6 +13,8 @@ Every rank builds a real dsim run (the seeds' Network, widened until the state o
   load  raw   readinto the live arrays; dsim: latest_committed + restore (read, CRC check, layout check,
               copy into the model); dcp: torch.distributed.checkpoint.load in place
 after each load the state's CRCs must equal those saved. The clock runs from a barrier to a barrier.
+Inside dsim's save and load, the time spent in format.write_file / format.read_file (slowest rank) and
+commit.write_commit (rank 0) is recorded too, to tell the HDF5 files from the commit protocol.
 Rank 0 writes the timings as JSON to --out.
 """
 from __future__ import annotations
@@ -31,6 +33,9 @@ from mpi4py import MPI
 
 from bench.page_cache import evict, resident_fraction
 from dsim.checkpoint import CheckpointConfig, ModelCheckpoint
+from dsim.checkpoint import commit as commit_module
+from dsim.checkpoint import loader as loader_module
+from dsim.checkpoint import saver as saver_module
 from dsim.checkpoint.loader import file_for, latest_committed, restore
 from dsim.checkpoint.plan import save_plan
 from dsim.checkpoint.saver import state_tensors
@@ -61,6 +66,36 @@ def width_for(total: int, layout: ParallelLayout) -> int:
     while state_bytes(width, layout) < total:
         width += step
     return width
+
+
+class Phases:
+    """Seconds spent inside some functions of dsim (wrapped in place; the call itself is unchanged)."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    def wrap(self, module, attr: str, key: str):
+        fn = getattr(module, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+        setattr(module, attr, timed)
+
+    def take(self, comm) -> dict:
+        """Slowest rank's seconds per key since the last take."""
+        mine, self.seconds = self.seconds, {}
+        keys = sorted(set().union(*comm.allgather(set(mine))))
+        return {k: comm.allreduce(mine.get(k, 0.0), op=MPI.MAX) for k in keys}
+
+
+PHASES = Phases()
+PHASES.wrap(saver_module, "write_file", "write_file")     # the saver calls format.write_file by this name
+PHASES.wrap(commit_module, "write_commit", "write_commit")
+PHASES.wrap(loader_module, "read_file", "read_file")        # load_checkpoint calls format.read_file by this name
 
 
 # -- the three methods --------------------------------------------------------------------------------
@@ -208,7 +243,7 @@ def main(argv=None):
         order = methods[rep % len(methods):] + methods[:rep % len(methods)]
         rep_dir = base / f"repeat_{rep}"
         out = {"order": [m.name for m in order], "save_s": {}, "load_s": {}, "resident_before_load": {},
-               "disk_bytes": {}, "verified": {}}
+               "disk_bytes": {}, "verified": {}, "dsim_phases_s": {}}
         for m in order:
             d = rep_dir / m.name
             if rank == 0:
@@ -216,7 +251,10 @@ def main(argv=None):
             comm.Barrier()
             if isinstance(m, Dsim):
                 m.prepare(d)
+            PHASES.take(comm)
             out["save_s"][m.name] = timed(comm, m.save, d)
+            if isinstance(m, Dsim):
+                out["dsim_phases_s"].update(PHASES.take(comm))
         phase("saved")
         if rank == 0:  # one node: one page cache, so rank 0 can evict everything every rank wrote
             evict(rep_dir)
@@ -227,7 +265,10 @@ def main(argv=None):
         for m in order:
             for t in tensors:
                 t.data[...] = 0
+            PHASES.take(comm)
             out["load_s"][m.name] = timed(comm, m.load, rep_dir / m.name)
+            if isinstance(m, Dsim):
+                out["dsim_phases_s"].update(PHASES.take(comm))
             ok = comm.allreduce(int(checksums(tensors) == expected), op=MPI.MIN)
             out["verified"][m.name] = bool(ok)
             if not ok:

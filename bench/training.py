@@ -17,7 +17,7 @@ TITLE = "Training overhead of checkpointing every k steps (default run, dp2 x mp
 # every step, about doubling it; 19 measured steps with 19 saves settle its per-step time).
 PLAN = {"none": 100, 1: 20, 10: 50, 100: 100}
 SIZES = {"full": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 1800, "overrides": []},
-         "quick": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 900,
+         "quick": {"ranks": 8, "plan": {"none": 30, 1: 10, 10: 30, 100: 100}, "repeats": 3, "timeout": 900,
                    "overrides": ["model.hidden=[128,1024,1024,128]"]},
          "toy": {"ranks": 2, "plan": {"none": 6, 1: 6, 10: 6, 100: 6}, "repeats": 3, "timeout": 180,
                  "overrides": ["model.hidden=[16,32,32,16]", "parallel.data_parallel=1", "parallel.model_parallel=2"]}}
