@@ -66,8 +66,12 @@ def mpirun(n: int, module: str, args, timeout: float, log: Path) -> None:
             try:
                 rc = p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+                os.killpg(p.pid, signal.SIGTERM)  # mpirun takes its ranks down with it
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
                 rc = f"timeout after {timeout:.0f} s"
     if rc != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-25:])

@@ -1,6 +1,6 @@
 """Training with and without checkpoints on every rank, in one job: the time per step of each.
 
-    $ mpirun -n 8 python -m bench.training_ranks --plan none=100,1=20,10=50,100=100 --repeats 3 --dir /tmp/b --out r.json
+    $ mpirun -n 8 python -m bench.training_ranks --plan none=50,1=10,10=30,100=100 --repeats 3 --dir /tmp/b --out r.json
 
 For every repeat, in a rotating order, each variant builds a fresh run from the config (default:
 configs/default.yaml, dp2 x mp4, 32M parameters) and trains it as `python -m dsim.train` does, with the
@@ -70,7 +70,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.training_ranks", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--plan", default="none=100,1=20,10=50,100=100",
+    ap.add_argument("--plan", default="none=50,1=10,10=30,100=100",
                     help="variants and their steps: none=N (no checkpoints), K=N (every K steps)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", required=True)
