@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shlex
 import sys
@@ -30,13 +31,30 @@ def parse_args(argv=None):
     ap.add_argument("--only", help=f"comma-separated suites out of {','.join(SUITES)}")
     ap.add_argument("--no-dcp", action="store_true", help="leave torch.distributed.checkpoint out")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (default %(default)s)")
+    ap.add_argument("--retable", type=Path, metavar="RESULTS",
+                    help="measure nothing: rebuild the rows and table of a results file from its stored values")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where benchmark files go (default: bench/.work on the work disk); removed when done")
     return ap.parse_args(argv)
 
 
+def retable(path: Path) -> int:
+    """Rows and table of a results file, rebuilt from its measurements by today's summaries."""
+    results = json.loads(path.read_text())
+    for name, suite in results["suites"].items():
+        module = importlib.import_module(f"bench.{name}")
+        suite["rows"] = module.rows_again(suite)
+    results["table"] = harness.table(results)
+    results["retabled"] = harness.now()  # the rows changed; every measured value is as the run left it
+    harness.write_json(path, results)
+    print(results["table"])
+    return 0
+
+
 def main(argv=None) -> int:
     opts = parse_args(argv)
+    if opts.retable:
+        return retable(opts.retable)
     names = opts.only.split(",") if opts.only else SUITES
     unknown = [n for n in names if n not in SUITES]
     if unknown:
@@ -46,7 +64,7 @@ def main(argv=None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dsim-bench-", dir=base) as tmp:
         workdir = Path(tmp)
-        opts.logdir = opts.out.parent / "logs"
+        opts.logdir = opts.out.with_name(opts.out.stem + "-logs")
         opts.logdir.mkdir(parents=True, exist_ok=True)
         results = {"command": shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])]),
                    "invoked_as": os.environ.get("BENCH_COMMAND"),

@@ -54,3 +54,10 @@ def summarize(params: dict, raw: dict) -> dict:
         rows.append(row(f"time per step, checkpoint every {k} step(s) / none ({v0['steps']} steps, {v0['saves']} saves)",
                         ratios, "x"))
     return {"params": params, "figures": figures, "repeats": reps, "rows": rows}
+
+
+def rows_again(suite: dict) -> list:
+    """Rows of a stored result (python -m bench --retable)."""
+    params = {**suite["params"], "plan": {("none" if k == "none" else int(k)): v
+                                          for k, v in suite["params"]["plan"].items()}}
+    return summarize(params, {"repeats": suite["repeats"]})["rows"]
