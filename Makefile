@@ -8,7 +8,7 @@ ENV := . launch/env.sh &&
 MPIRUN := $(VENV)/bin/mpirun
 TEST_TIMEOUT ?= 900
 
-.PHONY: venv train test test-serial test-mpi test-e2e clean
+.PHONY: venv train test test-serial test-mpi test-e2e bench clean
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,13 @@ test-mpi: venv
 
 test-e2e: venv
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e
+
+# Benchmarks (not tests): a table on stdout and bench/results/latest.json. BENCH_QUICK=1 for smaller sizes.
+# The optional `bench` extra (torch==2.13.0, CPU build) adds the torch.distributed.checkpoint column.
+bench: venv
+	@$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet -e '.[bench]' || \
+		echo "bench: torch==2.13.0 not installed; the DCP column will say so"
+	$(ENV) BENCH_COMMAND="make bench$(if $(BENCH_QUICK), BENCH_QUICK=1)" $(PY) -m bench $(if $(BENCH_QUICK),--size quick) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

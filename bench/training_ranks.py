@@ -1,0 +1,102 @@
+"""Training with and without checkpoints on every rank, in one job: the time per step of each.
+
+    $ mpirun -n 8 python -m bench.training_ranks --plan none=50,1=10,10=30,100=100 --repeats 3 --dir /tmp/b --out r.json
+
+For every repeat, in a rotating order, each variant builds a fresh run from the config (default:
+configs/default.yaml, dp2 x mp4, 32M parameters) and trains it as `python -m dsim.train` does, with the
+standard callbacks (checkpoints every k steps through ModelCheckpoint, keep_checkpoint_max as configured;
+or checkpoints disabled). A last callback stamps the end of every step on rank 0; the time per step is
+(end of the last step - end of the first step) / (steps - 1): build time and the first step's warm-up
+are left out, every save after the first step is in. --plan gives the steps of each variant: fewer for
+small k, whose per-step figure settles sooner, at least k for every k so that it saves every k steps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from mpi4py import MPI
+
+from dsim.checkpoint import ModelCheckpoint
+from dsim.config import load_config
+from dsim.engine import build_run
+from dsim.engine.callbacks import Callback
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class StepClock(Callback):
+    """perf_counter at the end of every step (after the checkpoint callback has saved)."""
+
+    def __init__(self):
+        self.ends = []
+
+    def step_end(self, run_context):
+        self.ends.append(time.perf_counter())
+
+
+def variants(plan: str):
+    """[(label, k or None, steps)] from "none=100,1=20,...": no checkpoints, then every k steps."""
+    out = []
+    for item in plan.split(","):
+        k, steps = item.split("=")
+        out.append(("none", None, int(steps)) if k == "none" else (f"k={int(k)}", int(k), int(steps)))
+    return out
+
+
+def train_once(comm, config, overrides, label, k, steps, d: Path) -> dict:
+    ckpt = ["checkpoint.enabled=false"] if k is None else [
+        "checkpoint.enabled=true", f"checkpoint.save_checkpoint_steps={k}", "checkpoint.save_checkpoint_epochs=null",
+        f"checkpoint.directory={d / 'checkpoints'}"]
+    cfg = load_config(config, [*overrides, "train.epochs=1", f"train.steps_per_epoch={steps}",
+                               f"data.num_samples={steps * 32}", "data.batch_size=32", "output.progress_bar=false",
+                               f"output.loss_every={steps}", f"output.dir={d}", *ckpt])
+    run = build_run(cfg, comm)
+    clock = StepClock()
+    callbacks = run.callbacks([clock])  # what run.train() uses, plus the clock last
+    comm.Barrier()
+    run.model.train(cfg.train.epochs, run.loader, callbacks)
+    comm.Barrier()
+    saves = sum(len(c.saved) for c in callbacks if isinstance(c, ModelCheckpoint))
+    run.groups.free()
+    ends = clock.ends
+    return {"steps": len(ends), "saves": saves, "step_s": (ends[-1] - ends[0]) / (len(ends) - 1)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.training_ranks", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--plan", default="none=50,1=10,10=30,100=100",
+                    help="variants and their steps: none=N (no checkpoints), K=N (every K steps)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    base = Path(args.dir)
+    todo = variants(args.plan)
+    repeats = []
+    for rep in range(args.repeats):
+        order = todo[rep % len(todo):] + todo[:rep % len(todo)]
+        out = {"order": [v[0] for v in order], "variants": {}}
+        for label, k, steps in order:
+            d = base / f"repeat_{rep}" / label.replace("=", "")
+            out["variants"][label] = {"k": k, **train_once(comm, args.config, args.overrides, label, k, steps, d)}
+            if comm.rank == 0:
+                shutil.rmtree(d, ignore_errors=True)
+                v = out["variants"][label]
+                print(f"repeat {rep + 1}/{args.repeats} {label}: {v['steps']} steps, {v['saves']} saves, "
+                      f"{1000 * v['step_s']:.1f} ms/step", flush=True)
+            comm.Barrier()
+        repeats.append(out)
+    if comm.rank == 0:
+        Path(args.out).write_text(json.dumps({"ranks": comm.size, "config": args.config, "overrides": args.overrides,
+                                              "repeats": repeats}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The save plan of a layout: which ranks write which slices, and the metadata a checkpoint carries.
+
+Pure functions of (layout, parameter specs, optimizer slots): no MPI, no files, so planning can be
+timed and sized for any world size (65,536 ranks in milliseconds). They build exactly what the saver
+(dsim/checkpoint/saver.py) writes today:
+
+- `save_plan`: every distinct slice of every parameter and optimizer state once, with the replica sets
+  whose ranks hold (and, with sharded saves, each write) it; `SavePlan.for_rank(r)` is rank r's file.
+- `graph_meta`: the `<prefix>-graph.meta` record (once per run);
+- `commit_record`: the `<name>.commit` record (once per checkpoint).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..parallel.layout import ParallelLayout, Slice, is_opt_sharded, owned_slice
+from .commit import COMMIT_FORMAT, shard_path
+from .group_info import replica_sets
+
+
+@dataclass(frozen=True)
+class PlannedSlice:
+    """One distinct slice of a tensor, and which replica sets hold it (indices into SavePlan.replica_sets)."""
+
+    kind: str            # "params" | "optimizer"
+    name: str            # layer2.weight, moments.layer2.weight
+    global_shape: tuple
+    where: Slice
+    split: str
+    opt_sharded: bool
+    holders: tuple
+
+    @property
+    def size(self) -> int:
+        """Number of elements in the slice."""
+        n = 1
+        for e in self.where.extents:
+            n *= e
+        return n
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """All distinct slices of a checkpoint; every rank of a holder set writes the slice to its own file."""
+
+    layout: ParallelLayout
+    replica_sets: list
+    slices: tuple
+
+    def set_of(self, rank: int) -> int:
+        """Index of rank's replica set (the order of group_info.replica_sets: shard index, then mp index)."""
+        c = self.layout.coords(rank)
+        return c.shard * self.layout.model_parallel + c.mp
+
+    def for_rank(self, rank: int) -> list:
+        """The slices rank writes (its owned slices of every parameter and optimizer state)."""
+        s = self.set_of(rank)
+        return [p for p in self.slices if s in p.holders]
+
+    def elements_per_rank(self, rank: int) -> int:
+        return sum(p.size for p in self.for_rank(rank))
+
+
+def save_plan(layout: ParallelLayout, specs, slots=()) -> SavePlan:
+    """The save plan of a layout: one entry per distinct (tensor, slice), with the replica sets holding it.
+
+    Work and size grow with the number of distinct slices (tensors x mp x optimizer shard), not with the
+    world size; only `replica_sets` (each rank once) grows with it.
+    """
+    mp, k = layout.model_parallel, layout.optimizer_shard
+    specs = list(specs)
+    entries = []
+    for spec in specs:
+        holders = {}  # slice -> replica-set indices, in first-seen order
+        for s in range(k):
+            for m in range(mp):
+                where = owned_slice(spec, layout, layout.rank_of(s, m))
+                holders.setdefault(where, []).append(s * mp + m)
+        sharded = is_opt_sharded(spec, layout)
+        for where, sets in holders.items():
+            entries.append(PlannedSlice("params", spec.name, tuple(spec.shape), where, spec.split, sharded,
+                                        tuple(sets)))
+    # optimizer state: each slot holds the owned slice of every parameter (named <slot>.<param>)
+    params = list(entries)
+    for slot in slots:
+        entries += [PlannedSlice("optimizer", f"{slot}.{p.name}", p.global_shape, p.where, p.split, p.opt_sharded,
+                                 p.holders) for p in params]
+    return SavePlan(layout, replica_sets(layout), tuple(entries))
+
+
+def graph_meta(prefix: str, layout: ParallelLayout, specs, slots=()) -> dict:
+    """The `<prefix>-graph.meta` record as the saver writes it when training begins."""
+    specs = list(specs)
+    return {"format": "dsim-graph-meta/1", "prefix": prefix, "layout": layout.to_dict(),
+            "world_size": layout.world_size,
+            "parameters": [{"name": s.name, "shape": list(s.shape), "split": s.split,
+                            "opt_sharded": is_opt_sharded(s, layout)} for s in specs],
+            "optimizer_state": sorted(f"{slot}.{s.name}" for slot in slots for s in specs),
+            "replica_sets": replica_sets(layout)}
+
+
+def commit_record(name: str, prefix: str, layout: ParallelLayout, epoch: int, step_in_epoch: int,
+                  global_step: int, sequence: int, sizes: dict, integrated_save: bool = False,
+                  time: float = 0.0) -> dict:
+    """The `<name>.commit` record as the saver writes it (sizes: rank -> file size of the ranks that wrote).
+
+    For a sharded save it names every rank's file: it grows with the world size.
+    """
+    world = layout.world_size
+    files = {"0": f"{name}.h5"} if integrated_save else {str(r): str(shard_path("", r, name)) for r in range(world)}
+    return {"format": COMMIT_FORMAT, "name": name, "prefix": prefix, "epoch": epoch, "step_in_epoch": step_in_epoch,
+            "global_step": global_step, "sequence": sequence, "world_size": world, "layout": layout.to_dict(),
+            "integrated_save": integrated_save, "files": files,
+            "sizes": {str(r): s for r, s in sizes.items() if s}, "time": time}

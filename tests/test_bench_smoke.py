@@ -1,0 +1,86 @@
+"""The benchmarks run at toy size (seconds, no torch), and the save plan they time is what the saver writes."""
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, SMALL, mpirun, run_command
+from dsim.checkpoint.plan import commit_record, graph_meta, save_plan
+from dsim.nn import create_network
+from dsim.parallel.layout import ParallelLayout, owned_slice
+
+SPECS = create_network("network").specs
+LAYOUTS = [ParallelLayout(2, 4, 1), ParallelLayout(4, 2, 2), ParallelLayout(8, 1, 8), ParallelLayout(1, 8, 1),
+           ParallelLayout(4, 2, 4)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_save_plan_gives_every_rank_its_owned_slices(layout):
+    plan = save_plan(layout, SPECS, ("moment1", "moment2"))
+    for rank in range(layout.world_size):
+        got = sorted((p.name, p.where.offsets, p.where.extents) for p in plan.for_rank(rank))
+        want = sorted((f"{slot}{s.name}", owned_slice(s, layout, rank).offsets, owned_slice(s, layout, rank).extents)
+                      for slot in ("", "moment1.", "moment2.") for s in SPECS)
+        assert got == want, rank
+    assert len({(p.name, p.where) for p in plan.slices}) == len(plan.slices)  # each distinct slice once
+
+
+def test_save_plan_does_not_grow_with_data_parallel():
+    small = save_plan(ParallelLayout(2, 4, 1), SPECS, ("moments",))
+    big = save_plan(ParallelLayout(16384, 4, 1), SPECS, ("moments",))
+    assert len(small.slices) == len(big.slices) == 48  # 7 of 10 parameters split 4 ways, 3 replicated; x2 for moments
+    assert sum(len(s) for s in big.replica_sets) == 65536
+
+
+
+@pytest.mark.e2e
+def test_plan_records_equal_what_the_saver_writes(tmp_path):
+    overrides = SMALL + ["data.num_samples=64", "train.epochs=1", "output.progress_bar=false", "output.dir=run",
+                         "parallel.optimizer_shard=2", "dtype=float64"]
+    mpirun(8, ["-m", "dsim.train", *[a for o in overrides for a in ("--set", o)]], cwd=tmp_path, check=0)
+    ckpt = tmp_path / "run" / "checkpoints"
+    layout = ParallelLayout(2, 4, 2)
+    specs = create_network("network", [64, 128, 128, 64]).specs
+    assert json.loads((ckpt / "network-graph.meta").read_text()) == graph_meta("network", layout, specs, ("moments",))
+    written = json.loads((ckpt / "network-1_2.commit").read_text())
+    assert written == commit_record("network-1_2", "network", layout, 1, 2, 2, 1,
+                                    {int(r): s for r, s in written["sizes"].items()}, time=written["time"])
+    assert len(written["files"]) == 8 and set(written["sizes"]) == {str(r) for r in range(8)}
+
+
+@pytest.mark.e2e
+def test_bench_runs_at_toy_size(tmp_path):
+    out = tmp_path / "results" / "toy.json"
+    proc = run_command([sys.executable, "-m", "bench", "--size", "toy", "--no-dcp", "--out", str(out),
+                        "--workdir", str(tmp_path / "work")], ROOT, 300, 0)
+    assert "| figure | min | median | target |" in proc.stdout
+    results = json.loads(out.read_text())
+    assert list(results["suites"]) == ["save_load", "planning", "training"]
+    assert results["machine"]["cores"] >= 1 and results["versions"]["h5py"]
+    assert list((tmp_path / "work").iterdir()) == []  # every benchmark file removed
+
+    io = results["suites"]["save_load"]
+    assert len(io["repeats"]) == 3 and io["params"]["state_bytes"] >= 2 ** 22
+    for rep in io["repeats"]:
+        assert rep["verified"] == {"raw": True, "dsim": True}  # each load restored the saved bytes
+        assert max(rep["resident_before_load"].values()) < 0.1  # and read them from disk, not the page cache
+        assert all(rep["save_s"][m] > 0 and rep["load_s"][m] > 0 for m in ("raw", "dsim"))
+    assert len(io["figures"]["save_dsim_over_raw"]) == 3
+    assert "skipped (--no-dcp)" in results["table"]
+
+    plan = results["suites"]["planning"]["figures"]
+    assert [plan[f"mp4/{w}"]["sizes"]["commit_record_file_entries"] for w in (8, 64, 512)] == [8, 64, 512]
+    assert {plan[f"mp4/{w}"]["sizes"]["distinct_slices"] for w in (8, 64, 512)} == {48}
+
+    train = results["suites"]["training"]
+    for rep in train["repeats"]:
+        v = rep["variants"]
+        assert (v["none"]["saves"], v["k=1"]["saves"], v["k=10"]["saves"]) == (0, 6, 1)  # k=10: the last step's save
+        assert all(x["steps"] == 6 and x["step_s"] > 0 for x in v.values())
+
+
+def test_bench_unknown_suite_is_one_error_line(tmp_path):
+    proc = run_command([sys.executable, "-m", "bench", "--only", "nope", "--out", str(tmp_path / "x.json")],
+                       ROOT, 60, 2)
+    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: save_load, planning, training)"]
+    assert not (tmp_path / "x.json").exists()
