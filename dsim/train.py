@@ -93,6 +93,8 @@ def main(argv=None) -> int:
     return 0
 
 
+
+
 def on_process_failure(run, noticed_at: float, error) -> int:
     """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
     from .ft import last_gasp
@@ -105,12 +107,12 @@ def on_process_failure(run, noticed_at: float, error) -> int:
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
-    time.sleep(0.05 * out.position)  # one at a time: the launcher has deadlocked on many such exits at once
-    leave(1)
+    return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
 
 
 def leave(code: int):
-    """End this process now, without MPI_Finalize: after a rank died, finalize may wait for it forever."""
+    """End this process now, without MPI_Finalize: a rank that fails alone must look dead to the others,
+    which would otherwise wait for it in their next collective while it waits for them in MPI_Finalize."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -6,3 +6,6 @@ export OMPI_MCA_btl=tcp,self
 export OMPI_MCA_btl_base_warn_peer_error=0
 # mpirun options: ULFM on; stdin to no rank (a killed rank 0 must not hold the launcher).
 DSIM_FT_MPIRUN_ARGS="--with-ft ulfm --stdin none"
+# MPI_Finalize without its closing fence over every process of the job: the survivors of a dead rank
+# would wait there for it forever.
+export OMPI_MCA_async_mpi_finalize=1

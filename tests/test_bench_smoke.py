@@ -55,7 +55,7 @@ def test_bench_runs_at_toy_size(tmp_path):
                         "--workdir", str(tmp_path / "work")], ROOT, 300, 0)
     assert "| figure | min | median | target |" in proc.stdout
     results = json.loads(out.read_text())
-    assert list(results["suites"]) == ["save_load", "planning", "training"]
+    assert list(results["suites"]) == ["save_load", "planning", "training", "recovery"]
     assert results["machine"]["cores"] >= 1 and results["versions"]["h5py"]
     assert list((tmp_path / "work").iterdir()) == []  # every benchmark file removed
 
@@ -78,9 +78,15 @@ def test_bench_runs_at_toy_size(tmp_path):
         assert (v["none"]["saves"], v["k=1"]["saves"], v["k=10"]["saves"]) == (0, 6, 1)  # k=10: the last step's save
         assert all(x["steps"] == 6 and x["step_s"] > 0 for x in v.values())
 
+    rec = results["suites"]["recovery"]  # rank 3 killed in step 9, periodic checkpoints every 5 steps
+    for rep in rec["repeats"]:
+        assert {w: rep[w]["steps_lost"] for w in rep} == {"restart": 3, "last_gasp": 0, "healing": 0}
+        assert {w: rep[w]["resumed_from"] for w in rep} == {"restart": 5, "last_gasp": 8, "healing": 8}
+        assert all(0 < rep[w]["seconds"] < 120 for w in rep)
+
 
 def test_bench_unknown_suite_is_one_error_line(tmp_path):
     proc = run_command([sys.executable, "-m", "bench", "--only", "nope", "--out", str(tmp_path / "x.json")],
                        ROOT, 60, 2)
-    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: save_load, planning, training)"]
+    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: save_load, planning, training, recovery)"]
     assert not (tmp_path / "x.json").exists()
