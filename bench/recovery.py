@@ -6,8 +6,9 @@
 3. healing: the survivors spawn a replacement and train on in the same job (tft.arf).
 Rank 3 is killed in the forward pass of step KILL, with a periodic checkpoint every EVERY steps before it.
 Times come from metrics.jsonl: the victim's `fault` event (written just before SIGKILL) and the `step`
-events (rank 0, wall clock) of the step after the resume point. Steps lost = the last step finished before
-the kill (KILL - 1) minus the step training went on from.
+events (rank 0, wall clock): of the step after the resume point (the next finished step), and of step KILL
+(the progress the job had is regained). Steps lost = the last step finished before the kill (KILL - 1)
+minus the step training went on from.
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+
+from dsim.ft.launcher import StallWatch
 
 from .harness import BIN, ROOT, launch_env, row, scratch_dir
 
@@ -51,12 +55,20 @@ def job(args, cwd, timeout, log):
         out.flush()
         with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True) as p:
-            try:
-                return p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-                raise RuntimeError(f"dsim.train timed out after {timeout} s; log {log}")
+            watch, start = StallWatch(p.pid), time.time()
+            while True:
+                try:
+                    return p.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    if watch.stalled(time.time()):  # every rank ended, mpirun did not (dsim.ft.launcher)
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                        out.write("(bench: mpirun stalled after every rank had ended; stopped it)\n")
+                        return 1
+                    if time.time() - start > timeout:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                        raise RuntimeError(f"dsim.train timed out after {timeout} s; log {log}")
 
 
 def measure(way: str, params: dict, d, log) -> dict:
@@ -84,9 +96,10 @@ def measure(way: str, params: dict, d, log) -> dict:
     after = [e for e in events if e["time"] > killed["time"]]
     mark = "heal" if way == "healing" else "train_begin"  # the step training went on from
     resumed_from = next(e["global_step"] for e in after if e["event"] == mark)
-    first_step = next(e for e in after if e["event"] == "step" and e["global_step"] == resumed_from + 1)
-    return {"seconds": first_step["time"] - killed["time"], "steps_lost": params["kill"] - 1 - resumed_from,
-            "resumed_from": resumed_from}
+    steps = {e["global_step"]: e["time"] for e in after if e["event"] == "step"}
+    return {"seconds": steps[resumed_from + 1] - killed["time"],      # to the next finished step
+            "regained_s": steps[params["kill"]] - killed["time"],     # to the killed step finished after all
+            "steps_lost": params["kill"] - 1 - resumed_from, "resumed_from": resumed_from}
 
 
 def run(params: dict, workdir, opts) -> dict:
@@ -105,7 +118,10 @@ def run(params: dict, workdir, opts) -> dict:
 def summarize(params: dict, reps: list) -> dict:
     secs = {w: [r[w]["seconds"] for r in reps] for w in WAYS}
     lost = {w: [r[w]["steps_lost"] for r in reps] for w in WAYS}
+    regained = {w: [r[w]["regained_s"] for r in reps] for w in WAYS}
     rows = [row(f"kill -> next finished step, {LABELS[w]}", secs[w], "s") for w in WAYS]
+    rows += [row(f"kill -> step {params['kill']} finished (progress regained), {LABELS[w]}", regained[w], "s")
+             for w in WAYS]
     rows += [row(f"steps lost, {LABELS[w]}", lost[w], "steps", target=None if w == "restart" else "0",
                  ok=None if w == "restart" else max(lost[w]) == 0) for w in WAYS]
     healing = [r["restart"]["seconds"] / r["healing"]["seconds"] for r in reps]
@@ -113,7 +129,12 @@ def summarize(params: dict, reps: list) -> dict:
     rows.append(row("time to the next step: restart from disk / in-process healing", healing, "x",
                     target=">= 20", ok=sorted(healing)[len(healing) // 2] >= 20))
     rows.append(row("time to the next step: restart from disk / last gasp + restart", gasp, "x"))
-    return {"params": params, "figures": {"seconds": secs, "steps_lost": lost, "restart_over_healing": healing,
+    rows.append(row("time to regain the progress: restart from disk / last gasp + restart",
+                    [r["restart"]["regained_s"] / r["last_gasp"]["regained_s"] for r in reps], "x"))
+    rows.append(row("time to regain the progress: restart from disk / in-process healing",
+                    [r["restart"]["regained_s"] / r["healing"]["regained_s"] for r in reps], "x"))
+    return {"params": params, "figures": {"seconds": secs, "regained_s": regained, "steps_lost": lost,
+                                          "restart_over_healing": healing,
                                           "restart_over_last_gasp": gasp},
             "repeats": reps, "rows": rows}
 

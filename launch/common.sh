@@ -28,5 +28,20 @@ DSIM_ARGS=(--config "$CONFIG" --set checkpoint.integrated_save=false)
 dsim_mpirun() {
     echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n ${RANK_SIZE:-8} python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
     # shellcheck disable=SC2086
-    exec mpirun $DSIM_FT_MPIRUN_ARGS -n "${RANK_SIZE:-8}" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
+    mpirun $DSIM_FT_MPIRUN_ARGS -n "${RANK_SIZE:-8}" python -m dsim.train "${DSIM_ARGS[@]}" "$@" &
+    local pid=$! idle=0
+    trap 'kill -TERM $pid 2>/dev/null' INT TERM
+    # Open MPI's launcher now and then stays after every rank of a job with a dead rank has ended
+    # (dsim/ft/launcher.py): no rank left for 15 s and mpirun still there, it is stopped.
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 1
+        if [ -n "$(cat /proc/"$pid"/task/*/children 2>/dev/null | tr -d ' \n')" ]; then idle=0; else idle=$((idle + 1)); fi
+        if [ "$idle" -gt 15 ]; then
+            echo "dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it" >&2
+            kill -KILL "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            exit 1
+        fi
+    done
+    wait "$pid"
 }

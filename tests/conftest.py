@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def mpirun(n, args, cwd, timeout=180, check=None, ft=False):
     if ft:
         env = ft_env()
         opts = env.pop("DSIM_FT_MPIRUN_ARGS").split()
-    return run_command([str(BIN / "mpirun"), *opts, "-n", str(n), sys.executable, *args], cwd, timeout, check, env)
+    return run_command([str(BIN / "mpirun"), *opts, "-n", str(n), sys.executable, *args], cwd, timeout, check, env,
+                       launcher=True)
 
 
 def ft_env():
@@ -65,20 +67,36 @@ def ft_env():
 def launch(script, args, cwd, timeout=180, check=None, env=None):
     """Run one of launch/*.sh as a user would, with this test's Python environment (plus env)."""
     return run_command(["bash", str(ROOT / "launch" / script), *args], cwd, timeout, check,
-                       {"VIRTUAL_ENV": sys.prefix, **(env or {})})
+                       {"VIRTUAL_ENV": sys.prefix, **(env or {})}, launcher=True)
 
 
-def run_command(cmd, cwd, timeout, check, env=None):
-    """Run cmd in its own process group; on timeout kill the group (mpirun and every rank) and fail."""
+def run_command(cmd, cwd, timeout, check, env=None, launcher=False):
+    """Run cmd in its own process group; on timeout kill the group (mpirun and every rank) and fail.
+
+    With launcher=True (cmd is mpirun, or execs it), mpirun still there with every rank ended is a launcher
+    stall (dsim.ft.launcher): it is stopped, the exit status taken as 1 and a note added to stderr; the ranks'
+    own output shows what they did.
+    """
+    from dsim.ft.launcher import StallWatch
+    start, stalled = time.time(), False
     with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)  # nothing outlives a test
-            out, err = p.communicate()
-            raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
-    proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+        watch = StallWatch(p.pid) if launcher else None
+        while True:
+            try:
+                out, err = p.communicate(timeout=1)
+                break
+            except subprocess.TimeoutExpired:
+                now = time.time()
+                stalled = watch is not None and watch.stalled(now)
+                if stalled or now - start > timeout:
+                    os.killpg(p.pid, signal.SIGKILL)  # nothing outlives a test
+                    out, err = p.communicate()
+                    if stalled:
+                        err += "\n(test harness: mpirun stalled after every rank had ended; stopped it)\n"
+                        break
+                    raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
+    proc = subprocess.CompletedProcess(cmd, 1 if stalled else p.returncode, out, err)
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
