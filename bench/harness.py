@@ -78,6 +78,21 @@ def mpirun(n: int, module: str, args, timeout: float, log: Path) -> None:
         raise RuntimeError(f"{module} failed ({rc}); log {log}:\n{tail}")
 
 
+def run_worker(name: str, module: str, params: dict, workdir, opts, args_in) -> dict:
+    """Run a suite's worker module under mpirun in a fresh scratch directory and return its result.json.
+
+    args_in(directory) gives the worker's arguments; `--out <directory>/result.json` is added. The
+    directory is removed afterwards, whatever happens.
+    """
+    d = scratch_dir(workdir, name)
+    out = d / "result.json"
+    try:
+        mpirun(params["ranks"], module, [*args_in(d), "--out", out], params["timeout"], opts.logdir / f"{name}.log")
+        return json.loads(out.read_text())
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def scratch_dir(base, name: str) -> Path:
     """A fresh directory for one suite's files on the work disk (removed by the suite when done)."""
     d = Path(base) / name

@@ -5,10 +5,9 @@ into ratios per repeat: a ratio of two methods is always measured in the same re
 """
 from __future__ import annotations
 
-import json
 import statistics
 
-from .harness import GiB, mpirun, row, scratch_dir, text_row
+from .harness import GiB, row, run_worker, text_row
 
 NAME = "save_load"
 TITLE = "Sharded save and load (every file fsync'd; loads from disk, page cache evicted)"
@@ -19,19 +18,10 @@ TARGETS = {("save", "raw"): 0.95, ("save", "dcp"): 1.5, ("load", "raw"): 0.9}
 
 
 def run(params: dict, workdir, opts) -> dict:
-    d = scratch_dir(workdir, NAME)
-    out = d / "result.json"
-    args = ["--total-bytes", params["total_bytes"], "--repeats", params["repeats"], "--model-parallel",
-            params["model_parallel"], "--dir", d / "files", "--out", out]
-    if opts.no_dcp:
-        args.append("--no-dcp")
-    try:
-        mpirun(params["ranks"], "bench.save_load_ranks", args, params["timeout"], opts.logdir / f"{NAME}.log")
-        raw = json.loads(out.read_text())
-    finally:
-        import shutil
-        shutil.rmtree(d, ignore_errors=True)
-    return summarize(params, raw)
+    def args_in(d):
+        return ["--total-bytes", params["total_bytes"], "--repeats", params["repeats"], "--model-parallel",
+                params["model_parallel"], "--dir", d / "files", *(["--no-dcp"] if opts.no_dcp else [])]
+    return summarize(params, run_worker(NAME, "bench.save_load_ranks", params, workdir, opts, args_in))
 
 
 def summarize(params: dict, raw: dict) -> dict:

@@ -6,10 +6,7 @@ reports, per repeat, time per step with checkpoints / time per step without.
 """
 from __future__ import annotations
 
-import json
-import shutil
-
-from .harness import ROOT, mpirun, row, scratch_dir
+from .harness import ROOT, row, run_worker
 
 NAME = "training"
 TITLE = "Training overhead of checkpointing every k steps (default run, dp2 x mp4)"
@@ -24,19 +21,11 @@ SIZES = {"full": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 1800, "over
 
 
 def run(params: dict, workdir, opts) -> dict:
-    d = scratch_dir(workdir, NAME)
-    out = d / "result.json"
-    plan = ",".join(f"{k}={n}" for k, n in params["plan"].items())
-    args = ["--config", ROOT / "configs" / "default.yaml", "--plan", plan, "--repeats", params["repeats"],
-            "--dir", d / "runs", "--out", out]
-    for o in params["overrides"]:
-        args += ["--set", o]
-    try:
-        mpirun(params["ranks"], "bench.training_ranks", args, params["timeout"], opts.logdir / f"{NAME}.log")
-        raw = json.loads(out.read_text())
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-    return summarize(params, raw)
+    def args_in(d):
+        plan = ",".join(f"{k}={n}" for k, n in params["plan"].items())
+        return ["--config", ROOT / "configs" / "default.yaml", "--plan", plan, "--repeats", params["repeats"],
+                "--dir", d / "runs", *[a for o in params["overrides"] for a in ("--set", o)]]
+    return summarize(params, run_worker(NAME, "bench.training_ranks", params, workdir, opts, args_in))
 
 
 def summarize(params: dict, raw: dict) -> dict:
