@@ -25,6 +25,15 @@ fi
 DSIM_ARGS=(--config "$CONFIG" --set checkpoint.integrated_save=false)
 [ -z "$CKPT_DIR" ] || DSIM_ARGS+=(--set "checkpoint.directory=$CKPT_DIR")
 
+# Whether mpirun ($1) has a living child (a rank); zombies it did not reap do not count.
+dsim_ranks_alive() {
+    local c
+    for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
+        case "$(cut -d')' -f2 /proc/"$c"/stat 2>/dev/null | cut -d' ' -f2)" in Z|X|"") ;; *) return 0 ;; esac
+    done
+    return 1
+}
+
 dsim_mpirun() {
     echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n ${RANK_SIZE:-8} python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
     # shellcheck disable=SC2086
@@ -35,7 +44,7 @@ dsim_mpirun() {
     # (dsim/ft/launcher.py): no rank left for 15 s and mpirun still there, it is stopped.
     while kill -0 "$pid" 2>/dev/null; do
         sleep 1
-        if [ -n "$(cat /proc/"$pid"/task/*/children 2>/dev/null | tr -d ' \n')" ]; then idle=0; else idle=$((idle + 1)); fi
+        if dsim_ranks_alive "$pid"; then idle=0; else idle=$((idle + 1)); fi
         if [ "$idle" -gt 15 ]; then
             echo "dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it" >&2
             kill -KILL "$pid" 2>/dev/null

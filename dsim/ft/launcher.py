@@ -11,14 +11,25 @@ STALL_SECONDS = 15  # no rank left for this long, and mpirun still there: stalle
 
 
 def children(pid: int) -> list[int]:
-    """The child processes of pid (of all its threads): the ranks, for mpirun."""
+    """The living child processes of pid (of all its threads): the ranks, for mpirun.
+
+    Zombies do not count: a stalled launcher does not even reap the rank that was killed.
+    """
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             found += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):
             pass
-    return found
+    return [c for c in found if _state(c) not in ("Z", "X", None)]
+
+
+def _state(pid: int):
+    """The one-letter state of a process (R, S, Z, ...), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 class StallWatch:
