@@ -93,8 +93,6 @@ def main(argv=None) -> int:
     return 0
 
 
-
-
 def on_process_failure(run, noticed_at: float, error) -> int:
     """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
     from .ft import last_gasp
