@@ -75,7 +75,7 @@ class Model:
             else:
                 c.begin(ctx)
         if joining is not None:
-            _recovered(callbacks, ctx, train_dataset.init_step)
+            _recovered(callbacks, ctx, train_dataset, train_dataset.init_step)
         while True:
             try:
                 self._loop(epoch, train_dataset, callbacks, ctx)
@@ -85,7 +85,7 @@ class Model:
                     raise
                 step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
                 train_dataset.set_init_step(step)
-                _recovered(callbacks, ctx, step)
+                _recovered(callbacks, ctx, train_dataset, step)
         train_dataset.set_init_step(cb.cur_step_num)
         _call(callbacks, "end", ctx)
         return cb
@@ -110,12 +110,13 @@ class Model:
                 break
 
 
-def _recovered(callbacks, ctx, step):
+def _recovered(callbacks, ctx, train_dataset, step):
     """After an in-job repair the state is that after `step`: tell the callbacks that care (e.g. a save due then)."""
     cb = ctx.original_args()
     cb.cur_step_num = step
     if step:
-        cb.cur_epoch_num, cb.cur_step_in_epoch = (step - 1) // cb.batch_num + 1, (step - 1) % cb.batch_num + 1
+        epoch, in_epoch = train_dataset.position(step - 1)  # of the step that finished last
+        cb.cur_epoch_num, cb.cur_step_in_epoch = epoch + 1, in_epoch + 1
     for c in callbacks:
         if hasattr(c, "recovered"):
             c.recovered(ctx)

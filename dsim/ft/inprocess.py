@@ -30,7 +30,7 @@ from ..engine.callbacks import event, say
 from ..faults import UCEError
 from ..parallel.groups import Groups
 from . import ulfm
-from .last_gasp import plan
+from .last_gasp import survey
 
 TAG = 0xAF
 
@@ -69,13 +69,10 @@ class InProcessRecovery:
         t = time.time()
         run, cfg = self.run, self.run.cfg.tft
         old = run.groups
-        ulfm.revoke(old.world, old.dp, old.mp, old.shard)
+        ulfm.revoke_groups(old)
         comm, failed = ulfm.shrink(old.world)
-        states = run.optimizer.states()  # none on a rank whose memory failed
-        reports = comm.allgather((old.world.rank, sorted(states), t))
-        offers = {r: set(steps) for r, steps, _ in reports}
-        damaged = sorted(r for r, steps in offers.items() if not steps)
-        t_fault = min(t for _, _, t in reports)
+        seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a rank whose memory failed offers nothing
+        damaged, t_fault = seen.damaged, seen.first_noticed
         if not failed and not damaged:
             raise exc  # an MPI error with every rank alive and whole: not a fault to repair
         what = describe(failed, damaged)
@@ -85,7 +82,7 @@ class InProcessRecovery:
         if damaged and not cfg.uce:
             raise CannotRepair(f"{what}; repairing a memory error is off (tft.uce)", lead)
         layout = old.layout
-        p = plan({r: s for r, s in offers.items() if s}, replica_sets(layout))
+        p = seen.plan(replica_sets(layout))
         if p.step is None:
             sets = "; ".join(f"ranks {g}" for g in p.lost)
             raise CannotRepair(f"{what}; it cannot be repaired: no healthy rank holds the slices of {sets}", lead)

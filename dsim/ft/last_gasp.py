@@ -29,7 +29,7 @@ from ..checkpoint.format import write_file
 from ..checkpoint.group_info import group_info, replica_sets
 from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
 from ..engine.callbacks import event
-from .ulfm import revoke, shrink
+from .ulfm import revoke, revoke_groups, shrink
 
 PREFIX = "ttp"
 ATTEMPTS = 4
@@ -79,6 +79,25 @@ def file_name(rank: int, epoch: int, step_in_epoch: int) -> str:
 
 
 @dataclass
+class Survey:
+    """What the living ranks told each other after a fault (every one of them holds the same)."""
+
+    offers: dict          # living rank -> the steps whose owned state it holds (none after a UCE)
+    damaged: list         # living ranks that offer nothing: their memory failed
+    first_noticed: float  # when the first of them noticed the fault (time.time())
+
+    def plan(self, sets) -> Plan:
+        return plan({r: steps for r, steps in self.offers.items() if steps}, sets)
+
+
+def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
+    """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
+    reports = comm.allgather((me, sorted(states), noticed_at))
+    offers = {r: set(steps) for r, steps, _ in reports}
+    return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t in reports))
+
+
+@dataclass
 class Outcome:
     """What the survivors agreed happened; every survivor returns the same one."""
 
@@ -90,12 +109,7 @@ class Outcome:
     lost: list = field(default_factory=list)
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
-    position: int = 0      # this rank's place among the living
-
-    @property
-    def lead(self) -> bool:
-        """Whether this rank reports it: the lowest living rank."""
-        return self.position == 0
+    lead: bool = False     # this rank reports it (the lowest living rank)
 
     def message(self) -> str:
         who = "; ".join(
@@ -116,21 +130,18 @@ class Outcome:
 
 def without_checkpoint(run) -> Outcome:
     """With the last gasp off: the survivors only agree on who failed (collective over the living ranks)."""
-    groups = run.groups
-    revoke(groups.world, groups.dp, groups.mp, groups.shard)
-    comm, failed = shrink(groups.world)
-    return Outcome(failed, survivors=comm.size, position=comm.rank)
+    revoke_groups(run.groups)
+    comm, failed = shrink(run.groups.world)
+    return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
 
 
 def save(run, noticed_at: float) -> Outcome:
     """Write and commit the last-gasp checkpoint from the survivors (collective over the living ranks)."""
-    groups = run.groups
-    world = groups.world
-    revoke(world, groups.dp, groups.mp, groups.shard)
+    revoke_groups(run.groups)
     states = run.optimizer.states()
-    sets = replica_sets(groups.layout)
+    sets = replica_sets(run.groups.layout)
     for attempt in range(ATTEMPTS):
-        comm, failed = shrink(world)
+        comm, failed = shrink(run.groups.world)
         try:
             return _attempt(run, comm, failed, states, sets, noticed_at)
         except MPI.Exception:
@@ -142,16 +153,14 @@ def save(run, noticed_at: float) -> Outcome:
 
 def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     me = run.groups.world.rank
-    reports = comm.allgather((me, sorted(states), noticed_at))
-    offers = {r: set(steps) for r, steps, _ in reports}
-    damaged = sorted(r for r, steps in offers.items() if not steps)
-    first_noticed = min(t for _, _, t in reports)
+    seen = survey(comm, me, states, noticed_at)
+    damaged = seen.damaged
     if not failed and not damaged:  # everyone alive and whole: an MPI error of another kind
-        return Outcome(failed, survivors=comm.size, position=comm.rank)
-    p = plan({r: s for r, s in offers.items() if s}, sets)
+        return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+    p = seen.plan(sets)
     if p.step is None:
         comm.Agree(1)  # nothing is written: just agree that all know
-        out = Outcome(failed, damaged, lost=p.lost, survivors=comm.size, position=comm.rank)
+        out = Outcome(failed, damaged, lost=p.lost, survivors=comm.size, lead=comm.rank == 0)
         if comm.rank == 0:
             event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
         return out
@@ -162,7 +171,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     record_path = cm.commit_path(directory, name)
     if record_path.exists():  # saved before (e.g. the committer died after committing): never overwrite it
         comm.Agree(1)
-        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, position=comm.rank)
+        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0)
     ok, error = 1, None
     try:
         for rank, writer in sorted(p.writers.items()):
@@ -182,11 +191,11 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
             "time": time.time()})
     comm.Agree(1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
-                  ms=1000 * (time.time() - first_noticed),
-                  position=comm.rank)
+                  ms=1000 * (time.time() - seen.first_noticed),
+                  lead=comm.rank == 0)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
-              directory=str(directory), ms=round(out.ms, 1), noticed_at=first_noticed)
+              directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed)
     return out
 
 

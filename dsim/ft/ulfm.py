@@ -34,6 +34,11 @@ def revoke(*comms) -> None:
             pass
 
 
+def revoke_groups(groups) -> None:
+    """Revoke the world and every sub-communicator of a run (parallel.groups.Groups)."""
+    revoke(groups.world, groups.dp, groups.mp, groups.shard)
+
+
 def world_ranks(comm, world) -> list[int]:
     """The ranks in `world` of comm's members, in comm's order."""
     return list(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.size)), world.Get_group()))
