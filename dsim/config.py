@@ -29,12 +29,28 @@ class ParallelConfig:
     data_parallel: Optional[int] = None  # None: world size / model_parallel
     model_parallel: int = 4
     optimizer_shard: int = 1
+    vocab_emb_dp: bool = True      # transformer: word embeddings whole on every rank (false: split over mp)
+
+
+@dataclass
+class TransformerConfig:
+    """The distributed page's sample Transformer (its defaults)."""
+    vocab_size: int = 20000
+    d_model: int = 128
+    num_heads: int = 8
+    ffn_hidden_size: Optional[int] = None   # None: d_model, as the sample
+    encoder_layers: int = 1
+    decoder_layers: int = 1
+    src_len: int = 10
+    tgt_len: int = 10
+    max_position: Optional[int] = None      # position table size; None: the longer of src_len, tgt_len
 
 
 @dataclass
 class ModelConfig:
-    name: str = "network"          # network (last-gasp page) | uce_network (UCE page)
-    hidden: Optional[list[int]] = None  # override the hidden widths, e.g. [64, 128, 128, 64]
+    name: str = "network"          # network | uce_network | lenet5 | transformer
+    hidden: Optional[list[int]] = None  # MLPs: override the hidden widths, e.g. [64, 128, 128, 64]
+    transformer: TransformerConfig = field(default_factory=TransformerConfig)
 
 
 @dataclass
@@ -48,7 +64,7 @@ class ScheduleConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "momentum"         # sgd | momentum | adam
+    name: str = "momentum"         # sgd | momentum | adam | adamweightdecay
     learning_rate: float = 0.02
     momentum: float = 0.9
     beta1: float = 0.9
@@ -60,9 +76,9 @@ class OptimizerConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"        # synthetic (built in) | mnist (idx files, e.g. MNIST_Data/train)
-    path: Optional[str] = None
-    num_samples: int = 1920        # synthetic only (MNIST itself has 60000)
+    name: str = "synthetic"        # synthetic | mnist (idx files) | translation (toy task) | text (pairs file)
+    path: Optional[str] = None     # mnist: e.g. MNIST_Data/train; text: a file of source<TAB>target lines
+    num_samples: int = 1920        # synthetic and translation (generated on demand)
     batch_size: int = 32           # the global batch, split over the data-parallel ranks
     shuffle: bool = True
 
@@ -249,8 +265,28 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
     if f.kind and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
-    if cfg.data.name == "mnist":
+    from .data.factory import NAMES as DATASETS, TOKEN_DATASETS
+    from .nn.models import MODELS
+    from .optim import OPTIMIZERS
+    for key, value, allowed in (("model.name", cfg.model.name, MODELS), ("optimizer.name", cfg.optimizer.name, OPTIMIZERS),
+                                ("data.name", cfg.data.name, DATASETS)):
+        if value not in allowed:
+            raise ConfigError(f"config: {key} must be one of {', '.join(allowed)}, got {value!r}")
+    if cfg.model.hidden is not None and not all(w >= 1 for w in cfg.model.hidden):
+        raise ConfigError(f"config: model.hidden widths must be >= 1, got {cfg.model.hidden}")
+    t = cfg.model.transformer
+    for key in ("vocab_size", "d_model", "num_heads", "ffn_hidden_size", "encoder_layers", "decoder_layers",
+                "src_len", "tgt_len", "max_position"):
+        value = getattr(t, key)
+        if value is not None and value < (4 if key == "vocab_size" else 1):
+            raise ConfigError(f"config: model.transformer.{key} must be >= {4 if key == 'vocab_size' else 1}, "
+                              f"got {value}")
+    tokens = cfg.model.name == "transformer"
+    if tokens != (cfg.data.name in TOKEN_DATASETS):
+        want = ", ".join(TOKEN_DATASETS) if tokens else ", ".join(n for n in DATASETS if n not in TOKEN_DATASETS)
+        raise ConfigError(f"config: model {cfg.model.name} needs data.name {want}, got {cfg.data.name!r}")
+    if cfg.data.name in ("mnist", "text"):
         if not cfg.data.path:
-            raise ConfigError("config: data.path is required when data.name is mnist")
-        if not Path(cfg.data.path).is_dir():
+            raise ConfigError(f"config: data.path is required when data.name is {cfg.data.name}")
+        if not Path(cfg.data.path).exists():
             raise ConfigError(f"config: data.path not found: {cfg.data.path}")

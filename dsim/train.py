@@ -37,11 +37,9 @@ def parse_args(argv=None):
 def describe(run) -> str:
     """One header line: ranks, layout, model, optimizer, schedule of the run."""
     cfg, layout = run.cfg, run.groups.layout
-    widths = "-".join(str(w) for w in [run.network.layers[0].in_features] +
-                      [layer.out_features for layer in run.network.layers if hasattr(layer, "out_features")])
     return (f"dsim: {run.groups.world.size} ranks, data_parallel={layout.data_parallel} "
             f"model_parallel={layout.model_parallel} optimizer_shard={layout.optimizer_shard}; "
-            f"{cfg.model.name} {widths} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
+            f"{cfg.model.name} {run.network.describe()} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
             f"{cfg.train.epochs} epoch(s) x {run.loader.get_dataset_size()} steps of global batch {cfg.data.batch_size}")
 
 

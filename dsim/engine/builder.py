@@ -12,7 +12,7 @@ from ..data.loader import DataLoader
 from ..nn import create_network
 from ..optim import LRSchedule, create_optimizer
 from ..parallel.groups import Groups
-from ..parallel.layout import ParallelLayout
+from ..parallel.layout import LayoutError, ParallelLayout
 from .callbacks import LossMonitor, MetricsLog, ProgressBar, TimeMonitor
 from .model import Model
 
@@ -81,19 +81,26 @@ def build_run(cfg: Config, comm) -> Run:
     """Build layout, groups, sharded network, optimizer and this rank's data for `comm`."""
     layout = resolve_layout(cfg, comm.size)
     dtype = np.dtype(cfg.dtype)
-    network = create_network(cfg.model.name, cfg.model.hidden)
+    m = cfg.model
+    try:
+        network = create_network(m.name, m.hidden, vars(m.transformer), cfg.parallel.vocab_emb_dp)
+    except LayoutError as e:
+        raise ConfigError(f"config: {e}") from None
     network.build(layout, comm.rank, cfg.seed, dtype)  # raises LayoutError before any collective
     groups = Groups(comm, layout)
     o = cfg.optimizer
     schedule = LRSchedule(o.learning_rate, **vars(o.schedule))
-    kwargs = {"sgd": {}, "momentum": {"momentum": o.momentum},
-              "adam": {"beta1": o.beta1, "beta2": o.beta2, "eps": o.eps}}.get(o.name, {})
+    adam = {"beta1": o.beta1, "beta2": o.beta2, "eps": o.eps}
+    kwargs = {"sgd": {}, "momentum": {"momentum": o.momentum}, "adam": adam, "adamweightdecay": adam}.get(o.name, {})
     optimizer = create_optimizer(o.name, network.trainable_params(), schedule, weight_decay=o.weight_decay, **kwargs)
     if cfg.tft.ttp:
         from ..ft import OptTFTWrapper
         optimizer = OptTFTWrapper(optimizer)  # keeps the state before each update, for the last gasp
     d = cfg.data
-    source = create_dataset(d.name, d.path, num_samples=d.num_samples, seed=cfg.seed, dtype=dtype)
+    t = m.transformer
+    source = create_dataset(d.name, d.path, num_samples=d.num_samples, seed=cfg.seed, dtype=dtype,
+                            image_size=network.image_size, src_len=t.src_len, tgt_len=t.tgt_len,
+                            vocab_size=t.vocab_size)
     sampler = DistributedSampler(len(source), d.batch_size, layout.data_parallel, groups.coords.dp,
                                  shuffle=d.shuffle, seed=cfg.seed)
     loader = DataLoader(source, sampler, cfg.train.steps_per_epoch)

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import faults
-from ..nn.layers import softmax_cross_entropy
 from ..parallel.groups import Groups, allreduce_sum
 from .callbacks import RunContext
 
@@ -28,13 +27,16 @@ class Model:
         self.global_batch_size = global_batch_size
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
 
-    def train_step(self, images: np.ndarray, labels: np.ndarray) -> float:
-        """One training step; returns the global-batch mean loss (identical on every rank)."""
+    def train_step(self, inputs, labels: np.ndarray) -> float:
+        """One training step; returns the global-batch mean loss (identical on every rank).
+
+        inputs: what the network's forward takes (images, or the transformer's (source, target) ids).
+        """
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
         # forward
-        logits = net.forward(images, groups.mp, halfway=lambda: faults.at_point("forward", step))
-        loss, dlogits = softmax_cross_entropy(logits, labels, self.global_batch_size)
+        logits = net.forward(inputs, groups.mp, halfway=lambda: faults.at_point("forward", step))
+        loss, dlogits = net.loss(logits, labels, self.global_batch_size, groups.dp)
         # backward
         net.backward(dlogits, groups.mp)
         # gradient (and loss) reduction over data parallel

@@ -1,6 +1,16 @@
-"""Networks, layers and parameters (numpy, hand-written backward)."""
-from .layers import Dense, ReLU, softmax_cross_entropy
-from .network import ARCHITECTURES, Network, create_network
+"""Networks, layers and parameters (numpy, hand-written backward); layers declare how they are sliced."""
+from .attention import MultiHeadAttention
+from .cell import Cell
+from .conv import Conv2d, Flatten, MaxPool2d
+from .embedding import Embedding
+from .layers import GELU, Dense, Layer, ReLU, masked_cross_entropy, softmax_cross_entropy
+from .lenet import LeNet5
+from .models import MODELS, create_network
+from .network import ARCHITECTURES, Network
+from .norm import LayerNorm
 from .parameter import Parameter
+from .transformer import Transformer
 
-__all__ = ["Dense", "ReLU", "softmax_cross_entropy", "ARCHITECTURES", "Network", "create_network", "Parameter"]
+__all__ = ["MultiHeadAttention", "Cell", "Conv2d", "Flatten", "MaxPool2d", "Embedding", "GELU", "Dense", "Layer",
+           "ReLU", "masked_cross_entropy", "softmax_cross_entropy", "LeNet5", "MODELS", "create_network",
+           "ARCHITECTURES", "Network", "LayerNorm", "Parameter", "Transformer"]

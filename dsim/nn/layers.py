@@ -1,6 +1,6 @@
-"""Layers with hand-written backward passes and Megatron-style model parallelism.
+"""Dense, activations and losses, with hand-written backward passes and Megatron-style model parallelism.
 
-A layer's `split` says how the mp group shares it:
+A layer's `split` says how the mp group shares it (each ParamSpec's `mp_axis` records the same):
 - "column": output features split. Input is full on every mp rank, output is a shard.
   Backward all-reduces the input gradient over the mp group.
 - "row": input features split. Input is a shard, the partial outputs are all-reduced over the mp
@@ -21,23 +21,53 @@ _WEIGHT_AXIS = {  # which axis of the stored weight each split cuts
 }
 
 
-class Dense:
-    """MindSpore's nn.Dense: weight (out, in), bias (out), y = x @ W.T + b.
+class Layer:
+    """A layer: the parameters it declares (`specs`, with their slicing and initializers), forward, backward.
 
-    With kind="matmul" it is the seeds' MatMulCell: one parameter `param` of shape (in, out), y = x @ P.
+    `params` (dsim.nn.Parameter, this rank's slices) are bound by Cell.build in the order of `specs`.
     """
 
-    def __init__(self, name: str, in_features: int, out_features: int, split=None, kind="dense"):
+    specs: list = []
+
+    def __init__(self):
+        self.params = []
+        self.inits = {}  # spec name -> initializer (see parameter.initial_value)
+
+    def param(self, suffix: str):
+        """The bound parameter named <layer name>.<suffix>."""
+        for p in self.params:
+            if p.name.endswith("." + suffix):
+                return p
+        raise KeyError(suffix)
+
+
+class Dense(Layer):
+    """MindSpore's nn.Dense: weight (out, in), bias (out), y = x @ W.T + b (x is (batch, in)).
+
+    With kind="matmul" it is the seeds' MatMulCell: one parameter `param` of shape (in, out), y = x @ P.
+    `weight_init` (default HeUniform, bias uniform as MindSpore's Dense) may be ("normal", sigma); the bias
+    is then zeros. With reduce_dx=False a column layer leaves its input gradient partial: the caller sums
+    several before one all-reduce (attention's Q, K and V).
+    """
+
+    def __init__(self, name: str, in_features: int, out_features: int, split=None, kind="dense",
+                 has_bias=True, weight_init=None, reduce_dx=True):
+        super().__init__()
         self.name, self.split, self.kind = name, split, kind
         self.in_features, self.out_features = in_features, out_features
+        self.has_bias = has_bias and kind == "dense"
+        self.reduce_dx = reduce_dx
         axis = _WEIGHT_AXIS.get((kind, split))
         if kind == "matmul":
             self.specs = [ParamSpec(f"{name}.param", (in_features, out_features), axis)]
         else:
             bias_axis = 0 if split == "column" else None
-            self.specs = [ParamSpec(f"{name}.weight", (out_features, in_features), axis),
-                          ParamSpec(f"{name}.bias", (out_features,), bias_axis)]
-        self.params = []  # bound by Network.build
+            self.specs = [ParamSpec(f"{name}.weight", (out_features, in_features), axis)]
+            if self.has_bias:
+                self.specs.append(ParamSpec(f"{name}.bias", (out_features,), bias_axis))
+        w_init = weight_init or ("he_uniform", in_features)
+        b_init = ("bias_uniform", in_features) if weight_init is None else ("zeros",)
+        self.inits = {self.specs[0].name: w_init, **{s.name: b_init for s in self.specs[1:]}}
         self._x = None
 
     @property
@@ -53,7 +83,7 @@ class Dense:
         y = x @ self._weight()
         if self.split == "row":
             y = allreduce_sum(mp_comm, y)
-        if self.kind == "dense":
+        if self.has_bias:
             y = y + self.params[1].data
         return y
 
@@ -62,12 +92,12 @@ class Dense:
         x = self._x
         dw = x.T @ dy  # (in, out) [local]
         self.params[0].grad = dw if self.kind == "matmul" else dw.T
-        if self.kind == "dense":
+        if self.has_bias:
             self.params[1].grad = dy.sum(axis=0)
         if not need_dx:
             return None
         dx = dy @ self._weight().T
-        if self.split == "column":
+        if self.split == "column" and self.reduce_dx:
             dx = allreduce_sum(mp_comm, dx)
         return dx
 
@@ -89,6 +119,26 @@ class ReLU:
         return "ReLU()"
 
 
+class GELU:
+    """GELU, tanh approximation (MindSpore's transformer FeedForward activation), elementwise."""
+
+    _C = np.sqrt(2.0 / np.pi)
+
+    def forward(self, x, mp_comm=None):
+        self._x = x
+        self._t = np.tanh(x.dtype.type(self._C) * (x + x.dtype.type(0.044715) * x ** 3))
+        return x.dtype.type(0.5) * x * (1 + self._t)
+
+    def backward(self, dy, mp_comm=None, need_dx=True):
+        x, t = self._x, self._t
+        dt = x.dtype.type
+        inner = dt(self._C) * (1 + dt(3 * 0.044715) * x * x)
+        return dy * (dt(0.5) * (1 + t) + dt(0.5) * x * (1 - t * t) * inner)
+
+    def __repr__(self):
+        return "GELU()"
+
+
 def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, denominator: int):
     """Sum of per-sample cross-entropy / denominator, and its gradient w.r.t. logits.
 
@@ -104,3 +154,21 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, denominator: i
     grad = exp / total
     grad[np.arange(n), labels] -= 1
     return loss, grad / denominator
+
+
+def masked_cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, denominator: float):
+    """Sum of the cross-entropy of the rows where mask is true / denominator, and its gradient.
+
+    MindSpore's CrossEntropyLoss with an input mask (padding ignored); the denominator is the number of
+    unmasked tokens of the global batch, so data-parallel gradients sum to the single-process mean.
+    """
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    total = exp.sum(axis=1, keepdims=True)
+    log_prob = shifted - np.log(total)
+    rows = np.arange(logits.shape[0])
+    weight = mask.astype(logits.dtype) / logits.dtype.type(denominator)
+    loss = -(log_prob[rows, labels] * weight).sum()
+    grad = exp / total
+    grad[rows, labels] -= 1
+    return loss, grad * weight[:, None]

@@ -36,16 +36,38 @@ class Parameter:
         return f"Parameter({self.name}, global={self.spec.shape}, mp={self.mp.extents}, owned={self.owned.extents})"
 
 
+def _rng(spec: ParamSpec, seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+
+
 def init_global(spec: ParamSpec, seed: int, kind: str, fan_in: int) -> np.ndarray:
-    """The full initial tensor of a parameter, a pure function of (seed, name): every rank agrees.
+    """The full initial tensor of a Dense parameter, a pure function of (seed, name): every rank agrees.
 
     Weights use HeUniform (the seeds' initializer, negative_slope=sqrt(5) as in nn.Dense); biases
     use uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) like MindSpore's Dense.
     """
-    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    rng = _rng(spec, seed)
     if kind == "weight":
         gain = np.sqrt(2.0 / (1 + 5.0))
         bound = gain * np.sqrt(3.0 / fan_in)
     else:
         bound = 1.0 / np.sqrt(fan_in)
     return rng.uniform(-bound, bound, size=spec.shape)
+
+
+def initial_value(spec: ParamSpec, seed: int, init: tuple) -> np.ndarray:
+    """The full initial tensor of a parameter from its initializer, a pure function of (seed, name).
+
+    init: ("he_uniform", fan_in) | ("bias_uniform", fan_in) (MindSpore's Dense defaults),
+    ("normal", sigma) (MindSpore's Normal(sigma)), ("zeros",) or ("ones",).
+    """
+    kind = init[0]
+    if kind in ("he_uniform", "bias_uniform"):
+        return init_global(spec, seed, "weight" if kind == "he_uniform" else "bias", init[1])
+    if kind == "normal":
+        return _rng(spec, seed).normal(0.0, init[1], size=spec.shape)
+    if kind == "zeros":
+        return np.zeros(spec.shape)
+    if kind == "ones":
+        return np.ones(spec.shape)
+    raise ValueError(f"{spec.name}: unknown initializer {init!r}")

@@ -1,5 +1,5 @@
 """Optimizers and learning-rate schedules."""
-from .optimizers import SGD, Adam, Momentum, Optimizer, create_optimizer
+from .optimizers import OPTIMIZERS, SGD, Adam, AdamWeightDecay, Momentum, Optimizer, create_optimizer
 from .schedule import LRSchedule
 
-__all__ = ["SGD", "Adam", "Momentum", "Optimizer", "create_optimizer", "LRSchedule"]
+__all__ = ["OPTIMIZERS", "SGD", "Adam", "AdamWeightDecay", "Momentum", "Optimizer", "create_optimizer", "LRSchedule"]

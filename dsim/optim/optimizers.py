@@ -122,11 +122,48 @@ class Adam(Optimizer):
         return {**super().hyperparams(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
 
 
-OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adam": Adam}
+def decays(name: str) -> bool:
+    """MindSpore's decay-group rule (the distributed page's set_weight_decay): not LayerNorm, not biases."""
+    return "layernorm" not in name.lower() and "bias" not in name.lower()
+
+
+class AdamWeightDecay(Optimizer):
+    """MindSpore's nn.AdamWeightDecay: Adam without bias correction, decoupled weight decay.
+
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  u = m / (sqrt(v) + eps) + wd * p (decay group only);
+    p -= lr * u. The decay group follows the sample's rule (`decays`): every parameter but LayerNorm's
+    and the biases.
+    """
+
+    name = "adamweightdecay"
+    slots = ("moment1", "moment2")
+
+    def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0):
+        self.beta1, self.beta2, self.eps, self.decay = beta1, beta2, eps, weight_decay
+        super().__init__(params, learning_rate, 0.0)  # the decay is decoupled, not added to the gradient
+        self.decay_group = {p.name for p in self.params if decays(p.name)}
+
+    def update(self, name, w, g, lr):
+        dt = w.dtype.type
+        m, v = self.state["moment1"][name], self.state["moment2"][name]
+        m *= dt(self.beta1)
+        m += dt(1 - self.beta1) * g
+        v *= dt(self.beta2)
+        v += dt(1 - self.beta2) * g * g
+        update = m / (np.sqrt(v) + dt(self.eps))
+        if self.decay and name in self.decay_group:
+            update += dt(self.decay) * w
+        w -= dt(lr) * update
+
+    def hyperparams(self):
+        return {"weight_decay": self.decay, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
+
+
+OPTIMIZERS = {"sgd": SGD, "momentum": Momentum, "adam": Adam, "adamweightdecay": AdamWeightDecay}
 
 
 def create_optimizer(name: str, params, schedule: LRSchedule, **kwargs) -> Optimizer:
-    """An optimizer by config name ('sgd', 'momentum', 'adam')."""
+    """An optimizer by config name ('sgd', 'momentum', 'adam', 'adamweightdecay')."""
     if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer.name {name!r}; choose from {sorted(OPTIMIZERS)}")
+        raise ValueError(f"unknown optimizer.name {name!r}; choose from {', '.join(OPTIMIZERS)}")
     return OPTIMIZERS[name](params, schedule, **kwargs)

@@ -1,0 +1,103 @@
+"""Conv2d, MaxPool2d and Flatten on NCHW batches, vectorized (strided windows, no loop per pixel or sample).
+
+Conv2d may split its output channels over the model-parallel group (split="column": weight axis 0, each
+rank computes its channels; the input gradient is all-reduced over mp) or be replicated (split=None).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from ..parallel.groups import allreduce_sum
+from ..parallel.layout import ParamSpec
+from .layers import Layer
+
+
+class Conv2d(Layer):
+    """MindSpore's nn.Conv2d with pad_mode='valid', stride 1, no bias (its default): weight (out, in, kh, kw)."""
+
+    def __init__(self, name, in_channels, out_channels, kernel_size, split=None, weight_init=("normal", 0.02)):
+        super().__init__()
+        self.name, self.split = name, split
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
+        k = kernel_size
+        self.specs = [ParamSpec(f"{name}.weight", (out_channels, in_channels, k, k), 0 if split == "column" else None)]
+        self.inits = {self.specs[0].name: weight_init}
+
+    def forward(self, x, mp_comm):
+        k = self.kernel_size
+        n, c, h, w = x.shape
+        ho, wo = h - k + 1, w - k + 1
+        # (n, c, ho, wo, k, k) -> rows (n*ho*wo, c*k*k): im2col by strided views, one copy
+        self._shape = x.shape
+        self._cols = sliding_window_view(x, (k, k), axis=(2, 3)).transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, -1)
+        weight = self.params[0].data
+        y = self._cols @ weight.reshape(weight.shape[0], -1).T  # (n*ho*wo, out)
+        return y.reshape(n, ho, wo, -1).transpose(0, 3, 1, 2)
+
+    def backward(self, dy, mp_comm, need_dx=True):
+        n, c, h, w = self._shape
+        k = self.kernel_size
+        weight = self.params[0].data
+        out = weight.shape[0]
+        dy_rows = dy.transpose(0, 2, 3, 1).reshape(-1, out)  # (n*ho*wo, out)
+        self.params[0].grad = (dy_rows.T @ self._cols).reshape(weight.shape)
+        if not need_dx:
+            return None
+        ho, wo = h - k + 1, w - k + 1
+        dcols = (dy_rows @ weight.reshape(out, -1)).reshape(n, ho, wo, c, k, k)
+        dx = np.zeros(self._shape, dtype=dy.dtype)
+        for i in range(k):  # col2im: one strided add per kernel offset
+            for j in range(k):
+                dx[:, :, i:i + ho, j:j + wo] += dcols[:, :, :, :, i, j].transpose(0, 3, 1, 2)
+        if self.split == "column":
+            dx = allreduce_sum(mp_comm, dx)
+        return dx
+
+    def __repr__(self):
+        k = self.kernel_size
+        return f"Conv2d({self.name}, {self.in_channels}->{self.out_channels}, {k}x{k}, split={self.split})"
+
+
+class MaxPool2d:
+    """Max pooling, kernel 2, stride 2 (LeNet5's); the gradient goes to the first maximum of each window."""
+
+    def __init__(self, kernel_size=2):
+        self.k = kernel_size
+
+    def forward(self, x, mp_comm=None):
+        k = self.k
+        n, c, h, w = x.shape
+        ho, wo = h // k, w // k
+        windows = x[:, :, :ho * k, :wo * k].reshape(n, c, ho, k, wo, k).transpose(0, 1, 2, 4, 3, 5).reshape(
+            n, c, ho, wo, k * k)
+        self._shape, self._arg = x.shape, windows.argmax(axis=-1)[..., None]
+        return np.take_along_axis(windows, self._arg, axis=-1)[..., 0]
+
+    def backward(self, dy, mp_comm=None, need_dx=True):
+        k = self.k
+        n, c, h, w = self._shape
+        ho, wo = h // k, w // k
+        windows = np.zeros((n, c, ho, wo, k * k), dtype=dy.dtype)
+        np.put_along_axis(windows, self._arg, dy[..., None], axis=-1)
+        dx = np.zeros(self._shape, dtype=dy.dtype)
+        dx[:, :, :ho * k, :wo * k] = windows.reshape(n, c, ho, wo, k, k).transpose(0, 1, 2, 4, 3, 5).reshape(
+            n, c, ho * k, wo * k)
+        return dx
+
+    def __repr__(self):
+        return f"MaxPool2d({self.k})"
+
+
+class Flatten:
+    """(n, c, h, w) -> (n, c*h*w), channel-major: a channel shard becomes a contiguous block of features."""
+
+    def forward(self, x, mp_comm=None):
+        self._shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy, mp_comm=None, need_dx=True):
+        return dy.reshape(self._shape)
+
+    def __repr__(self):
+        return "Flatten()"

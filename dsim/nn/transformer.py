@@ -1,0 +1,182 @@
+"""The distributed page's encoder-decoder Transformer (the sample `distributed_training_transformer`).
+
+Source and target each have a word embedding and a learned position embedding; `encoder_layers`
+encoder blocks (self-attention, feed-forward) and `decoder_layers` decoder blocks (causal
+self-attention, cross-attention to the encoder output, feed-forward), pre-LayerNorm with residuals as
+MindSpore's nn.transformer; a Linear head without bias to the vocabulary; cross-entropy over the target
+tokens that are not padding (the sample's loss with its input mask).
+
+Slicing over the model-parallel group (Megatron-LM): attention heads split (Q, K, V column, projection
+row), feed-forward mapping column then projection row, LayerNorm and the biases after row layers
+replicated, the head replicated (as the sample shards it), word embeddings replicated
+(`vocab_emb_dp: true`) or split along the vocabulary (false); position embeddings are always replicated.
+Pipeline stages are not modelled yet: the blocks are kept as separate objects so they can be cut.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..parallel.groups import allreduce_sum
+from ..parallel.layout import LayoutError
+from .attention import MASKED, MultiHeadAttention
+from .cell import Cell
+from .embedding import Embedding
+from .layers import GELU, Dense, masked_cross_entropy
+from .norm import LayerNorm
+
+NORMAL = ("normal", 0.02)
+PAD = 1  # the sample tokenizer's padding id (dsim.data.translation: UNK 0, PAD 1, EOT 2)
+
+
+class FeedForward:
+    """mapping (d -> ffn, column split), GELU, projection (ffn -> d, row split): one all-reduce each way."""
+
+    def __init__(self, name, d_model, ffn):
+        self.mapping = Dense(f"{name}.mapping", d_model, ffn, "column", weight_init=NORMAL)
+        self.act = GELU()
+        self.projection = Dense(f"{name}.projection", ffn, d_model, "row", weight_init=NORMAL)
+        self.layers = [self.mapping, self.projection]
+
+    def forward(self, x, mp):
+        return self.projection.forward(self.act.forward(self.mapping.forward(x, mp)), mp)
+
+    def backward(self, dy, mp):
+        return self.mapping.backward(self.act.backward(self.projection.backward(dy, mp)), mp)
+
+
+class EncoderLayer:
+    """x + attention(layernorm1(x)), then + output(layernorm2(.))."""
+
+    def __init__(self, name, d_model, heads, ffn):
+        self.layernorm1 = LayerNorm(f"{name}.layernorm1", d_model)
+        self.attention = MultiHeadAttention(f"{name}.attention", d_model, heads, NORMAL)
+        self.layernorm2 = LayerNorm(f"{name}.layernorm2", d_model)
+        self.output = FeedForward(f"{name}.output", d_model, ffn)
+        self.layers = [self.layernorm1, self.attention, self.layernorm2, *self.output.layers]
+
+    def forward(self, x, mask, batch, mp):
+        y = self.layernorm1.forward(x)
+        h = x + self.attention.forward(y, y, mask, batch, mp)
+        return h + self.output.forward(self.layernorm2.forward(h), mp)
+
+    def backward(self, dout, mp):
+        dh = dout + self.layernorm2.backward(self.output.backward(dout, mp))
+        dy, _ = self.attention.backward(dh, mp)
+        return dh + self.layernorm1.backward(dy)
+
+
+class DecoderLayer:
+    """Causal self-attention, cross-attention to the encoder output, feed-forward; each pre-norm with a residual."""
+
+    def __init__(self, name, d_model, heads, ffn):
+        self.layernorm1 = LayerNorm(f"{name}.layernorm1", d_model)
+        self.attention = MultiHeadAttention(f"{name}.attention", d_model, heads, NORMAL)
+        self.cross_attention_layernorm = LayerNorm(f"{name}.cross_attention_layernorm", d_model)
+        self.cross_attention = MultiHeadAttention(f"{name}.cross_attention", d_model, heads, NORMAL)
+        self.layernorm2 = LayerNorm(f"{name}.layernorm2", d_model)
+        self.output = FeedForward(f"{name}.output", d_model, ffn)
+        self.layers = [self.layernorm1, self.attention, self.cross_attention_layernorm, self.cross_attention,
+                       self.layernorm2, *self.output.layers]
+
+    def forward(self, x, memory, self_mask, memory_mask, batch, mp):
+        y = self.layernorm1.forward(x)
+        h1 = x + self.attention.forward(y, y, self_mask, batch, mp)
+        h2 = h1 + self.cross_attention.forward(self.cross_attention_layernorm.forward(h1), memory, memory_mask,
+                                               batch, mp)
+        return h2 + self.output.forward(self.layernorm2.forward(h2), mp)
+
+    def backward(self, dout, mp):
+        """(dx, dmemory), both full on every mp rank."""
+        dh2 = dout + self.layernorm2.backward(self.output.backward(dout, mp))
+        dq, dmemory = self.cross_attention.backward(dh2, mp)
+        dh1 = dh2 + self.cross_attention_layernorm.backward(dq)
+        dy, _ = self.attention.backward(dh1, mp)
+        return dh1 + self.layernorm1.backward(dy), dmemory
+
+
+class Transformer(Cell):
+    """Net of the sample: inputs (source ids, target ids), both (batch, len) int64 padded with PAD."""
+
+    input_kind = "tokens"
+
+    def __init__(self, vocab_size=20000, d_model=128, num_heads=8, ffn_hidden_size=None, encoder_layers=1,
+                 decoder_layers=1, src_len=10, tgt_len=10, max_position=None, vocab_emb_dp=True):
+        super().__init__()
+        ffn = ffn_hidden_size or d_model
+        self.vocab_size, self.d_model, self.num_heads, self.ffn = vocab_size, d_model, num_heads, ffn
+        self.src_len, self.tgt_len = src_len, tgt_len
+        self.max_position = max_position or max(src_len, tgt_len)
+        for side, length in (("source", src_len), ("target", tgt_len)):
+            if length > self.max_position:
+                raise LayoutError(f"transformer: the {side} length {length} is longer than the position table "
+                                  f"(max_position={self.max_position})")
+        if d_model % num_heads:
+            raise LayoutError(f"transformer: d_model={d_model} is not divisible by num_heads={num_heads}")
+        split = None if vocab_emb_dp else "vocab"
+        self.vocab_emb_dp = vocab_emb_dp
+        self.src_word = Embedding("src_embedding.word_embedding", vocab_size, d_model, split)
+        self.src_position = Embedding("src_embedding.position_embedding", self.max_position, d_model)
+        self.tgt_word = Embedding("tgt_embedding.word_embedding", vocab_size, d_model, split)
+        self.tgt_position = Embedding("tgt_embedding.position_embedding", self.max_position, d_model)
+        self.encoder = [EncoderLayer(f"encoder.blocks.{i}", d_model, num_heads, ffn) for i in range(encoder_layers)]
+        self.decoder = [DecoderLayer(f"decoder.blocks.{i}", d_model, num_heads, ffn) for i in range(decoder_layers)]
+        self.head = Dense("head", d_model, vocab_size, None, has_bias=False, weight_init=NORMAL)
+        self.layers = [self.src_word, self.src_position, self.tgt_word, self.tgt_position,
+                       *[layer for block in self.encoder + self.decoder for layer in block.layers], self.head]
+
+    def check(self, layout):
+        mp = layout.model_parallel
+        for what, size in (("num_heads", self.num_heads), ("ffn_hidden_size", self.ffn)) + (
+                () if self.vocab_emb_dp else (("vocab_size (vocab_emb_dp: false)", self.vocab_size),)):
+            if size % mp:
+                raise LayoutError(f"transformer: {what}={size} is not divisible by model_parallel={mp}")
+        super().check(layout)
+
+    def _embed(self, word, position, ids, mp):
+        batch, length = ids.shape
+        positions = np.broadcast_to(np.arange(length), ids.shape)
+        x = word.forward(ids, mp) + position.forward(positions, mp)
+        return x.reshape(batch * length, -1)
+
+    def forward(self, inputs, mp_comm, halfway=None):
+        src, tgt = inputs
+        batch, s_len = src.shape
+        t_len = tgt.shape[1]
+        dtype = self.params[0].data.dtype
+        src_keys = np.where(src != PAD, 0.0, MASKED).astype(dtype)[:, None, None, :]     # (b, 1, 1, S)
+        tgt_keys = np.where(tgt != PAD, 0.0, MASKED).astype(dtype)[:, None, None, :]
+        causal = np.where(np.tri(t_len, dtype=bool), 0.0, MASKED).astype(dtype)          # (T, T)
+        self._token_mask = (tgt != PAD).reshape(-1)
+        memory = self._embed(self.src_word, self.src_position, src, mp_comm)
+        for block in self.encoder:
+            memory = block.forward(memory, src_keys, batch, mp_comm)
+        if halfway is not None:
+            halfway()
+        y = self._embed(self.tgt_word, self.tgt_position, tgt, mp_comm)
+        for block in self.decoder:
+            y = block.forward(y, memory, np.minimum(causal, tgt_keys), src_keys, batch, mp_comm)
+        return self.head.forward(y, mp_comm)  # (batch * tgt_len, vocab)
+
+    def loss(self, logits, labels, global_batch_size, dp_comm):
+        """Mean cross-entropy over the global batch's non-padding target tokens (one small all-reduce over dp)."""
+        mask = self._token_mask
+        count = allreduce_sum(dp_comm, np.array([mask.sum()], dtype=np.float64))[0]
+        return masked_cross_entropy(logits, labels.reshape(-1), mask, max(count, 1.0))
+
+    def backward(self, dlogits, mp_comm):
+        dy = self.head.backward(dlogits, mp_comm)
+        dmemory = None
+        for block in reversed(self.decoder):
+            dy, dm = block.backward(dy, mp_comm)
+            dmemory = dm if dmemory is None else dmemory + dm
+        self.tgt_word.backward(dy)
+        self.tgt_position.backward(dy)
+        for block in reversed(self.encoder):
+            dmemory = block.backward(dmemory, mp_comm)
+        self.src_word.backward(dmemory)
+        self.src_position.backward(dmemory)
+
+    def describe(self) -> str:
+        return (f"encoder {len(self.encoder)} x decoder {len(self.decoder)}, d_model {self.d_model}, "
+                f"{self.num_heads} heads, ffn {self.ffn}, vocab {self.vocab_size}, "
+                f"vocab_emb_dp={self.vocab_emb_dp}")
