@@ -10,6 +10,7 @@ import pytest
 
 from dsim.data import (DatasetError, DistributedSampler, MnistDataset, SyntheticMNIST, create_dataset,
                        write_idx)
+from dsim.data.transforms import interpolation_matrix, resize_bilinear
 
 LOW, HIGH = (0 - 0.1307) / 0.3081, (1 - 0.1307) / 0.3081  # normalized black and white
 
@@ -278,3 +279,88 @@ def test_create_dataset(tmp_path):
     assert isinstance(mn, MnistDataset) and len(mn) == 5 and mn.get([0])[0].dtype == np.float64
     assert_one_line_error(lambda: create_dataset("mnist"), "path")
     assert_one_line_error(lambda: create_dataset("cifar"), "cifar")
+
+
+# ---- resize (LeNet5's 32x32 input) ----
+
+def test_interpolation_matrix_rows_sum_to_one_and_same_size_is_identity():
+    for n_in, n_out in [(28, 32), (32, 28), (5, 5), (1, 4), (7, 3)]:
+        r = interpolation_matrix(n_in, n_out)
+        assert r.shape == (n_out, n_in)
+        np.testing.assert_allclose(r.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(interpolation_matrix(6, 6), np.eye(6))
+
+
+def test_resize_same_size_and_constant_images():
+    x = np.random.default_rng(0).random((3, 1, 28, 28)).astype(np.float32)
+    np.testing.assert_array_equal(resize_bilinear(x, 28, 28), x)
+    const = np.full((2, 28, 28), 0.37, dtype=np.float64)
+    for h, w in [(32, 32), (10, 40), (1, 1)]:
+        np.testing.assert_allclose(resize_bilinear(const, h, w), 0.37, rtol=1e-12)
+
+
+def test_resize_linear_ramp_matches_half_pixel_formula():
+    ramp = np.tile(np.arange(28, dtype=np.float64), (28, 1))  # value = column
+    for out in (32, 10, 57):
+        expected = np.clip((np.arange(out) + 0.5) * 28 / out - 0.5, 0, 27)
+        got = resize_bilinear(ramp, 28, out)
+        assert got.shape == (28, out)
+        np.testing.assert_allclose(got, np.tile(expected, (28, 1)), atol=1e-12)
+        got_t = resize_bilinear(ramp.T, out, 28)  # value = row, resized along rows
+        np.testing.assert_allclose(got_t, np.tile(expected, (28, 1)).T, atol=1e-12)
+
+
+def test_resize_2x2_to_4x4_by_hand():
+    # sample coordinates (o + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75, 1.25, clamped to [0, 1]
+    x = np.array([[0.0, 4.0], [8.0, 12.0]])
+    expected = np.array([[0, 1, 3, 4],
+                         [2, 3, 5, 6],
+                         [6, 7, 9, 10],
+                         [8, 9, 11, 12]], dtype=np.float64)
+    np.testing.assert_allclose(resize_bilinear(x, 4, 4), expected, atol=1e-12)
+
+
+def test_resize_bad_input():
+    assert_one_line_error(lambda: resize_bilinear(np.zeros(5), 4, 4), "(5,)")
+    assert_one_line_error(lambda: resize_bilinear(np.zeros((2, 2)), 0, 4), "0x4")
+    assert_one_line_error(lambda: SyntheticMNIST(10, image_size=0), "image_size", "0")
+    assert_one_line_error(lambda: SyntheticMNIST(10, image_size=2.5), "image_size", "2.5")
+
+
+def test_synthetic_image_size_32():
+    ds = SyntheticMNIST(num_samples=100, seed=1, image_size=32)
+    assert ds.image_shape == (1, 32, 32)
+    x, y = ds.get([3, 5, 7])
+    assert x.shape == (3, 1, 32, 32) and x.dtype == np.float32
+    x5, y5 = SyntheticMNIST(num_samples=100, seed=1, image_size=32).get([5])
+    np.testing.assert_array_equal(x5[0], x[1])
+    # same labels and the same pixels as the native images, resized before normalizing
+    native, y28 = SyntheticMNIST(num_samples=100, seed=1).get([3, 5, 7])
+    np.testing.assert_array_equal(y, y28)
+    native01 = native.astype(np.float64) * 0.3081 + 0.1307
+    expected = (resize_bilinear(native01, 32, 32) - 0.1307) / 0.3081
+    np.testing.assert_allclose(x, expected, atol=1e-4)
+    assert LOW - 1e-5 <= x.min() and x.max() <= HIGH + 1e-5
+    x64, _ = SyntheticMNIST(num_samples=100, seed=1, image_size=32, dtype=np.float64).get([3, 5, 7])
+    assert x64.dtype == np.float64
+    np.testing.assert_allclose(x64, x, atol=1e-5)
+
+
+def test_mnist_image_size_32(tmp_path):
+    images, labels = _write_mnist(tmp_path, n_images=8)
+    ds = MnistDataset(tmp_path, image_size=32)
+    assert ds.image_shape == (1, 32, 32)
+    x, y = ds.get(np.arange(8))
+    assert x.shape == (8, 1, 32, 32) and x.dtype == np.float32
+    np.testing.assert_array_equal(y, labels)
+    expected = (resize_bilinear(images[:, None] / 255.0, 32, 32) - 0.1307) / 0.3081
+    np.testing.assert_allclose(x, expected, atol=1e-4)
+    np.testing.assert_array_equal(MnistDataset(tmp_path, image_size=32).get([6])[0][0], x[6])
+    # image_size=None keeps the native images
+    assert MnistDataset(tmp_path).get([0])[0].shape == (1, 1, 28, 28)
+
+
+def test_create_dataset_image_size(tmp_path):
+    assert create_dataset("synthetic", num_samples=4, image_size=32).get([0])[0].shape == (1, 1, 32, 32)
+    _write_mnist(tmp_path, n_images=3)
+    assert create_dataset("mnist", tmp_path, image_size=32).get([0])[0].shape == (1, 1, 32, 32)

@@ -12,6 +12,7 @@ import struct
 import numpy as np
 
 from . import DatasetError
+from .transforms import check_image_size, resize_bilinear
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049
@@ -85,10 +86,14 @@ def _locate(path: str) -> tuple[str, str]:
 
 
 class MnistDataset:
-    """Real MNIST from the idx files in directory `path`; same len/get API as SyntheticMNIST."""
+    """Real MNIST from the idx files in directory `path`; same len/get API as SyntheticMNIST.
 
-    def __init__(self, path, dtype=np.float32):
+    image_size=32 resizes every image to 32x32 (bilinear) before normalizing, as LeNet5 expects.
+    """
+
+    def __init__(self, path, dtype=np.float32, image_size=None):
         self.path, self.dtype = os.fspath(path), np.dtype(dtype)
+        self.image_size = check_image_size(image_size)
         self.images_file, self.labels_file = _locate(self.path)
         self._images = read_idx(self.images_file, IMAGES_MAGIC)
         self._labels = read_idx(self.labels_file, LABELS_MAGIC)
@@ -106,7 +111,9 @@ class MnistDataset:
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
-        """(1, rows, cols) of one image."""
+        """(1, rows, cols) of one image, after any resize."""
+        if self.image_size is not None:
+            return (1, self.image_size, self.image_size)
         return (1,) + self._images.shape[1:]
 
     def get(self, indices) -> tuple[np.ndarray, np.ndarray]:
@@ -116,6 +123,8 @@ class MnistDataset:
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise DatasetError(f"sample index out of range [0, {n}): {idx[(idx < 0) | (idx >= n)][0]}")
         images = self._images[idx].astype(self.dtype) / self.dtype.type(255)
+        if self.image_size is not None:
+            images = resize_bilinear(images, self.image_size, self.image_size)
         return normalize(images[:, None], self.dtype), self._labels[idx].astype(np.int64)
 
 

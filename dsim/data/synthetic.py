@@ -9,6 +9,7 @@ import numpy as np
 
 from . import DatasetError
 from .mnist import normalize
+from .transforms import check_image_size, resize_bilinear
 
 SIDE = 28
 _SHIFT = 2            # max translation in pixels, each axis
@@ -42,14 +43,18 @@ def make_prototypes(seed: int) -> np.ndarray:
 
 
 class SyntheticMNIST:
-    """MNIST-shaped samples (1x28x28 image, label 0..9): class prototype + noise + shift, normalized."""
+    """MNIST-shaped samples (1x28x28 image, label 0..9): class prototype + noise + shift, normalized.
 
-    def __init__(self, num_samples: int = 60000, seed: int = 0, dtype=np.float32):
+    image_size=32 resizes every image to 32x32 (bilinear) before normalizing, as LeNet5 expects.
+    """
+
+    def __init__(self, num_samples: int = 60000, seed: int = 0, dtype=np.float32, image_size=None):
         if int(num_samples) <= 0:
             raise DatasetError(f"synthetic dataset needs num_samples > 0, got {num_samples}")
         if int(seed) < 0:
             raise DatasetError(f"synthetic dataset needs seed >= 0, got {seed}")
         self.num_samples, self.seed, self.dtype = int(num_samples), int(seed), np.dtype(dtype)
+        self.image_size = check_image_size(image_size)
         # padded so that a shift is a plain slice (no wrap-around like np.roll)
         protos = make_prototypes(self.seed).astype(np.float32)
         self._padded = np.pad(protos, ((0, 0), (_SHIFT, _SHIFT), (_SHIFT, _SHIFT)))
@@ -58,10 +63,17 @@ class SyntheticMNIST:
         return self.num_samples
 
     def __repr__(self) -> str:
-        return f"SyntheticMNIST(num_samples={self.num_samples}, seed={self.seed})"
+        size = "" if self.image_size is None else f", image_size={self.image_size}"
+        return f"SyntheticMNIST(num_samples={self.num_samples}, seed={self.seed}{size})"
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(1, side, side) of one image."""
+        side = SIDE if self.image_size is None else self.image_size
+        return (1, side, side)
 
     def get(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """Images (n, 1, 28, 28) in self.dtype and int64 labels (n,) of the given sample indices."""
+        """Images (n, 1, side, side) in self.dtype and int64 labels (n,) of the given sample indices."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
             raise DatasetError(f"sample index out of range [0, {self.num_samples}): "
@@ -70,7 +82,10 @@ class SyntheticMNIST:
         labels = np.empty(idx.size, dtype=np.int64)
         for k, i in enumerate(idx):
             images[k, 0], labels[k] = self._sample(int(i))
-        return normalize(np.clip(images, 0.0, 1.0), self.dtype), labels
+        images = np.clip(images, 0.0, 1.0)
+        if self.image_size is not None:
+            images = resize_bilinear(images, self.image_size, self.image_size)
+        return normalize(images, self.dtype), labels
 
     def _sample(self, i: int) -> tuple[np.ndarray, int]:
         """Unclipped image (about [0, 1]) and label of sample i, drawn from the (seed, i) stream only."""
