@@ -9,6 +9,7 @@ from .synthetic import SyntheticMNIST
 from .translation import TextTranslation, ToyTranslation
 
 NAMES = ("synthetic", "mnist", "translation", "text")
+TOKEN_DATASETS = ("translation", "text")  # what the transformer reads; the others are images
 
 
 def create_dataset(name: str, path=None, num_samples: int = 60000, seed: int = 0, dtype=np.float32,

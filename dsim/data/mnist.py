@@ -88,7 +88,7 @@ def _locate(path: str) -> tuple[str, str]:
 class MnistDataset:
     """Real MNIST from the idx files in directory `path`; same len/get API as SyntheticMNIST.
 
-    image_size=32 resizes every image to 32x32 (bilinear) before normalizing, as LeNet5 expects.
+    image_size=32 resizes every image to 32x32 (bilinear) and leaves it in [0, 1]: the LeNet5 page's transforms.
     """
 
     def __init__(self, path, dtype=np.float32, image_size=None):
@@ -124,7 +124,9 @@ class MnistDataset:
             raise DatasetError(f"sample index out of range [0, {n}): {idx[(idx < 0) | (idx >= n)][0]}")
         images = self._images[idx].astype(self.dtype) / self.dtype.type(255)
         if self.image_size is not None:
+            # the fault-recovery page's LeNet5 pipeline: Rescale(1/255), Resize(32, 32), no Normalize
             images = resize_bilinear(images, self.image_size, self.image_size)
+            return images[:, None].astype(self.dtype), self._labels[idx].astype(np.int64)
         return normalize(images[:, None], self.dtype), self._labels[idx].astype(np.int64)
 
 

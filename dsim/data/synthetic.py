@@ -45,7 +45,7 @@ def make_prototypes(seed: int) -> np.ndarray:
 class SyntheticMNIST:
     """MNIST-shaped samples (1x28x28 image, label 0..9): class prototype + noise + shift, normalized.
 
-    image_size=32 resizes every image to 32x32 (bilinear) before normalizing, as LeNet5 expects.
+    image_size=32 resizes every image to 32x32 (bilinear) and leaves it in [0, 1]: the LeNet5 page's transforms.
     """
 
     def __init__(self, num_samples: int = 60000, seed: int = 0, dtype=np.float32, image_size=None):
@@ -84,7 +84,8 @@ class SyntheticMNIST:
             images[k, 0], labels[k] = self._sample(int(i))
         images = np.clip(images, 0.0, 1.0)
         if self.image_size is not None:
-            images = resize_bilinear(images, self.image_size, self.image_size)
+            # the fault-recovery page's LeNet5 pipeline: Rescale(1/255), Resize(32, 32), no Normalize
+            return resize_bilinear(images, self.image_size, self.image_size).astype(self.dtype), labels
         return normalize(images, self.dtype), labels
 
     def _sample(self, i: int) -> tuple[np.ndarray, int]:

@@ -79,6 +79,9 @@ class MultiHeadAttention(Layer):
         flat = lambda t: t.transpose(0, 2, 1, 3).reshape(-1, t.shape[1] * t.shape[3])  # noqa: E731
         dx = self.q.backward(flat(dq), mp_comm)
         dmem = self.k.backward(flat(dk), mp_comm) + self.v.backward(flat(dv), mp_comm)
+        # The key bias adds q.b to every score of a query: softmax ignores it, its gradient is exactly zero.
+        # Computed, it is rounding noise, which Adam would normalise into steps: keep it exact.
+        self.k.params[1].grad[...] = 0
         if self._self:
             return allreduce_sum(mp_comm, dx + dmem), None
         return allreduce_sum(mp_comm, dx), allreduce_sum(mp_comm, dmem)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.translation import PAD
 from ..parallel.groups import allreduce_sum
 from ..parallel.layout import LayoutError
 from .attention import MASKED, MultiHeadAttention
@@ -25,7 +26,6 @@ from .layers import GELU, Dense, masked_cross_entropy
 from .norm import LayerNorm
 
 NORMAL = ("normal", 0.02)
-PAD = 1  # the sample tokenizer's padding id (dsim.data.translation: UNK 0, PAD 1, EOT 2)
 
 
 class FeedForward:
