@@ -89,8 +89,12 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
     return path.stat().st_size
 
 
-def read_file(path, verify: bool = True) -> Shard:
-    """Read a checkpoint file; raises CheckpointError with one line if it is missing, foreign, truncated or corrupt."""
+def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
+    """Read a checkpoint file; raises CheckpointError with one line if it is missing, foreign, truncated or corrupt.
+
+    With a list as `damaged`, a tensor whose checksum does not match is left out and its name appended
+    there instead of raising (recovery then takes just that tensor from another holder).
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
@@ -110,7 +114,10 @@ def read_file(path, verify: bool = True) -> Shard:
                     data = ds[()]
                     a = ds.attrs
                     if verify and crc32(data) != int(a["crc32"]):
-                        raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
+                        if damaged is None:
+                            raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
+                        damaged.append(name)
+                        continue
                     shard.tensors[name] = Tensor(kind, name, tuple(int(x) for x in a["global_shape"]),
                                                  Slice(tuple(int(x) for x in a["offsets"]),
                                                        tuple(int(x) for x in a["extents"])),

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from ..parallel.layout import ParallelLayout
+from ..parallel.layout import ParallelLayout, is_opt_sharded
 from .errors import CheckpointError
 
 FORMAT = "dsim-group-info/1"
@@ -49,3 +49,26 @@ def restore_group_info_list(path) -> list[int]:
         raise CheckpointError(f"group info file not found: {path}") from None
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
         raise CheckpointError(f"not a dsim group info file: {path}") from None
+
+
+def tensor_holders(spec, layout: ParallelLayout, rank: int) -> list[int]:
+    """The ranks (including rank) whose owned slice of a parameter (and of its optimizer state) equals rank's.
+
+    The replica set for slices split over mp and sliced by optimizer shard; more for tensors replicated
+    beyond it: a tensor replicated over mp (LayerNorm, a row layer's bias, a dp embedding) is held by
+    ranks of every mp index, one that optimizer shard leaves whole by every rank of the dp group.
+    """
+    c = layout.coords(rank)
+    mps = [c.mp] if spec.mp_axis is not None else range(layout.model_parallel)
+    dps = range(c.shard, layout.data_parallel, layout.optimizer_shard) if is_opt_sharded(spec, layout) else \
+        range(layout.data_parallel)
+    return sorted(layout.rank_of(d, m) for d in dps for m in mps)
+
+
+def holder_sets(specs, layout: ParallelLayout) -> dict:
+    """Every distinct holder set of any slice of any parameter -> the names of the tensors with such slices."""
+    out = {}
+    for spec in specs:
+        for rank in range(layout.world_size):
+            out.setdefault(tuple(tensor_holders(spec, layout, rank)), set()).add(spec.name)
+    return {h: sorted(names) for h, names in sorted(out.items())}

@@ -27,8 +27,8 @@ from ..engine.callbacks import say
 from ..parallel.layout import ParallelLayout
 from . import commit as cm
 from .errors import CheckpointError
-from .format import read_file, write_file
-from .group_info import group_info, replica_sets, write_group_info
+from .format import Shard, read_file, write_file
+from .group_info import group_info, replica_sets, tensor_holders, write_group_info
 from .loader import candidates, check_compatible, file_for, load_into, param_dict_of
 
 TAG = 0x5EED
@@ -57,28 +57,81 @@ def plan_repair(broken: Iterable[int], sets: Iterable[Iterable[int]]) -> RepairP
     return RepairPlan(donors, lost)
 
 
+@dataclass
+class TensorPlan:
+    """Per damaged rank, which healthy holder sends each tensor it lacks, and the tensors nobody can send."""
+
+    sources: dict   # damaged rank -> {tensor name -> the healthy rank that sends it}
+    lost: dict      # damaged rank -> {tensor name -> its holders}, when none of them is healthy
+    preferred: dict  # damaged rank -> the replica with a whole healthy file that sends what it can
+
+
+def plan_tensors(damage: dict, names, holders_of, sets) -> TensorPlan:
+    """Pick a healthy holder for every tensor a damaged rank lacks.
+
+    damage: rank -> None (its whole file is unusable) or the names of its damaged tensors. A replica with a
+    whole healthy file (group info) sends everything when there is one, as before; otherwise each tensor
+    comes from any healthy rank holding the same slice (holders_of(rank, name)): a tensor replicated
+    beyond the replica set (LayerNorm, biases after row layers, a replicated embedding) survives the loss of
+    the whole replica set.
+    """
+    def bad(r, name):
+        return r in damage and (damage[r] is None or name in damage[r])
+
+    preferred = plan_repair(set(damage), sets).donors
+    sources, lost = {}, {}
+    for r, d in sorted(damage.items()):
+        for name in (names if d is None else sorted(d)):
+            if r in preferred:
+                sources.setdefault(r, {})[name] = preferred[r]
+                continue
+            holders = holders_of(r, name)
+            healthy = [h for h in holders if h != r and not bad(h, name)]
+            if healthy:
+                sources.setdefault(r, {})[name] = healthy[r % len(healthy)]
+            else:
+                lost.setdefault(r, {})[name] = holders
+    return TensorPlan(sources, lost, preferred)
+
+
 def read_own(directory, record: dict, rank: int):
-    """(shard, None) when rank's file of the committed checkpoint is whole and really rank's; else (None, why)."""
+    """(shard, None, []) when rank's file is whole and really rank's; (shard, why, damaged tensor names) when
+    only some tensors are damaged; (None, why, None) when the file cannot be used at all."""
     path = file_for(directory, record, rank)
+    damaged = []
     try:
-        shard = read_file(path, verify=True)
+        shard = read_file(path, verify=True, damaged=damaged)
     except CheckpointError as e:
-        return None, str(e)
+        return None, str(e), None
     meta = shard.meta
     if meta.get("global_step") != record["global_step"]:
-        return None, f"{path} holds global step {meta.get('global_step')}, its commit record says {record['global_step']}"
+        return None, f"{path} holds global step {meta.get('global_step')}, its commit record says {record['global_step']}", None
     if not record["integrated_save"] and meta.get("rank") != rank:
-        return None, f"{path} holds rank {meta.get('rank')}'s shard"
-    return shard, None
+        return None, f"{path} holds rank {meta.get('rank')}'s shard", None
+    if damaged:
+        return shard, f"checksum mismatch in {path}: {', '.join(damaged)}", damaged
+    return shard, None, []
 
 
-def exchange(comm, donors: dict, shard):
-    """Each donor sends its shard to the ranks it repairs; returns the shard this rank should load."""
-    for r, donor in sorted(donors.items()):
-        if comm.rank == donor:
-            comm.send(shard, dest=r, tag=TAG)
-    if comm.rank in donors:
-        shard = comm.recv(source=donors[comm.rank], tag=TAG)
+def exchange(comm, plan: TensorPlan, shard, whole: set):
+    """Every source sends the tensors it was asked for (and, to a rank whose file is gone, the file's
+    attributes); returns the shard this rank should load, completed."""
+    from mpi4py import MPI  # noqa: F401  (mpi4py requests)
+    requests = []
+    for r, names in sorted(plan.sources.items()):
+        mine = [n for n, src in names.items() if src == comm.rank]
+        if mine:
+            head = (shard.meta, shard.append_info) if r in whole else None
+            requests.append(comm.isend((head, {n: shard.tensors[n] for n in mine}), dest=r, tag=TAG))
+    if comm.rank in plan.sources:
+        for src in sorted(set(plan.sources[comm.rank].values())):
+            head, tensors = comm.recv(source=src, tag=TAG)
+            if shard is None:
+                meta = {**head[0], "rank": comm.rank}
+                shard = Shard(None, meta, {}, dict(head[1]))
+            shard.tensors.update(tensors)
+    for req in requests:
+        req.wait()
     return shard
 
 
@@ -131,13 +184,16 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
     for i, record in enumerate(records):
         directory = Path(record["directory"])
         check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
-        shard, error = read_own(directory, record, rank)
-        broken = {r: e for r, e in enumerate(comm.allgather(error)) if e}
-        sets = [range(comm.size)] if record["integrated_save"] else replica_sets(layout)  # layout checked above
-        plan = plan_repair(broken, sets)
+        shard, error, damaged = read_own(directory, record, rank)
+        reports = comm.allgather((error, damaged))
+        broken = {r: e for r, (e, _) in enumerate(reports) if e}
+        damage = {r: (None if d is None else set(d)) for r, (e, d) in enumerate(reports) if e}
+        if record["integrated_save"]:  # one file of whole tensors: no other holder
+            plan = TensorPlan({}, {r: {"every tensor": [0]} for r in damage}, {})
+        else:
+            plan = plan_tensors(damage, state_names(run), holder_function(run), replica_sets(layout))
         if plan.lost:
-            reason = "; ".join(f"{broken[r]}, and no other rank holds rank {r}'s slices (group info {g})"
-                               for r, g in sorted(plan.lost.items()))
+            reason = "; ".join(_lost_reason(broken[r], r, lost, layout) for r, lost in sorted(plan.lost.items()))
             tried.append(f"{record['name']}: {reason}")
             if rank == 0:
                 after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
@@ -145,26 +201,58 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
                 log(f"dsim: recovery: checkpoint {record['name']} is not usable: {reason}{after}")
             continue
         if rank == 0:
-            for r, donor in sorted(plan.donors.items()):
-                log(f"dsim: recovery: rank {r}: {broken[r]}; using the replica on rank {donor} "
-                    f"(group info {layout.replica_group(r)})")
-                record_event(run, "repair", rank=r, donor=donor, checkpoint=record["name"],
-                             global_step=record["global_step"], reason=broken[r], written_back=repair)
-        shard = exchange(comm, plan.donors, shard)
-        if repair and plan.donors:
+            for r, sources in sorted(plan.sources.items()):
+                donors = sorted(set(sources.values()))
+                if r in plan.preferred:
+                    log(f"dsim: recovery: rank {r}: {broken[r]}; using the replica on rank {plan.preferred[r]} "
+                        f"(group info {layout.replica_group(r)})")
+                else:
+                    taken = "; ".join(f"{', '.join(n for n, s in sources.items() if s == d)} from rank {d}"
+                                      for d in donors)
+                    log(f"dsim: recovery: rank {r}: {broken[r]}; no replica in its group info "
+                        f"{layout.replica_group(r)} is whole, taking {taken} (other holders of the same slices)")
+                record_event(run, "repair", rank=r, donor=donors[0] if len(donors) == 1 else donors,
+                             checkpoint=record["name"], global_step=record["global_step"], reason=broken[r],
+                             tensors=sorted(sources), written_back=repair)
+        whole = {r for r, d in damage.items() if d is None}
+        shard = exchange(comm, plan, shard, whole)
+        if repair and plan.sources:
             _repair_all(comm, directory, record, layout, plan, shard, log)
         param_dict = load_into(run, param_dict_of(shard))
-        if rank == 0 and plan.donors:
-            log(f"dsim: recovery: {len(plan.donors)} shard(s) of {record['name']} taken from replicas, "
+        if rank == 0 and plan.sources:
+            log(f"dsim: recovery: {len(plan.sources)} shard(s) of {record['name']} taken from replicas, "
                 f"loaded in {1000 * (time.perf_counter() - t0):.0f} ms")
         return record, param_dict
     raise CheckpointError(f"no usable committed checkpoint in {run.checkpoint_dir} (tried {'; '.join(tried)})")
 
 
+def state_names(run) -> list:
+    """The tensors every rank's file holds: parameters, then optimizer state (<slot>.<parameter>)."""
+    return [p.name for p in run.network.trainable_params()] + [n for n, _, _ in run.optimizer.state_items()]
+
+
+def holder_function(run):
+    """holders_of(rank, tensor name): the ranks holding the same slice of that tensor as rank."""
+    specs = {p.name: p.spec for p in run.network.trainable_params()}
+    layout = run.groups.layout
+
+    def holders_of(rank, name):
+        spec = specs.get(name) or specs[name.split(".", 1)[1]]  # optimizer state: <slot>.<parameter>
+        return tensor_holders(spec, layout, rank)
+    return holders_of
+
+
+def _lost_reason(why, rank, lost, layout) -> str:
+    if len(lost) > 3:
+        return f"{why}, and no other rank holds rank {rank}'s slices (group info {layout.replica_group(rank)})"
+    return f"{why}, and no healthy rank holds rank {rank}'s slice of " + ", ".join(
+        f"{name} (holders {holders})" for name, holders in sorted(lost.items()))
+
+
 def _repair_all(comm, directory, record, layout, plan, shard, log):
     """Every repaired rank writes its file back; all agree on the outcome."""
     done, error = None, None
-    if comm.rank in plan.donors:
+    if comm.rank in plan.sources:
         try:
             done = repair_file(directory, record, comm.rank, layout, shard)
         except (OSError, CheckpointError) as e:
@@ -177,7 +265,8 @@ def _repair_all(comm, directory, record, layout, plan, shard, log):
         for r, (done, _) in enumerate(results):
             if done:
                 path, kept = done
-                log(f"dsim: recovery: repaired {path} from rank {plan.donors[r]}'s shard"
+                donors = sorted(set(plan.sources[r].values()))
+                log(f"dsim: recovery: repaired {path} from rank {', '.join(map(str, donors))}'s shard"
                     + (f" (the damaged file is kept as {kept.name})" if kept else ""))
 
 
