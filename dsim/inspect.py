@@ -21,7 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from .checkpoint.catalog import CheckpointDir, ShardIndex, find_checkpoint_dirs, group_sets, is_checkpoint_dir, scan
+from .checkpoint.catalog import (CheckpointDir, ShardIndex, find_checkpoint_dirs, group_sets, is_checkpoint_dir, scan,
+                                 tensor_holder_sets)
 from .checkpoint.errors import CheckpointError
 from .checkpoint.merge import merge
 from .checkpoint.survivability import parse_layout, survivability
@@ -237,21 +238,25 @@ def do_survivability(args) -> int:
     if args.layout:
         layout = parse_layout(args.layout)
         from .checkpoint.group_info import replica_sets
-        reports.append((f"layout {_layout(layout.to_dict())}", replica_sets(layout), layout.world_size))
+        reports.append((f"layout {_layout(layout.to_dict())}", replica_sets(layout), layout.world_size, {}))
     else:
         for catalog in checkpoint_dirs(args.dir):
             if not catalog.committed:
                 continue
             c = catalog.committed[-1]
-            sets = group_sets(indexes_of(c), c)
+            indexes = indexes_of(c)
+            sets = group_sets(indexes, c)
             if sets:
-                reports.append((f"{c.directory / c.name}", sets, int(c.record.get("world_size") or 0) or None))
+                reports.append((f"{c.directory / c.name}", sets, int(c.record.get("world_size") or 0) or None,
+                                tensor_holder_sets(indexes)))
         if not reports:
             raise UsageError(f"no committed checkpoint with group info in {args.dir}")
     out = []
-    for title, sets, n in reports:
-        s = survivability(sets, world_size=n)
-        out.append({"source": title, "replica_sets": sets, **s.to_dict(), "description": s.lines()})
+    for title, sets, n, tensors in reports:
+        # a piece of state is lost when every rank holding it fails: the replica sets, and each tensor's holders
+        s = survivability(list(sets) + [h for holders in tensors.values() for h in holders], world_size=n)
+        out.append({"source": title, "replica_sets": sets, **s.to_dict(), "description": s.lines(),
+                    "tensor_holders": tensors})
         if not args.json:
             print(f"{title}: {s.world_size} ranks, replica sets (group info) {_sets(sets)}")
             print("  simultaneous failures that leave a complete copy of the state:")
@@ -259,9 +264,28 @@ def do_survivability(args) -> int:
                 print(f"    {line}")
             print(f"  largest failure count always survivable: {s.always} (at best {s.at_best}: "
                   f"when one rank of every replica set is spared)")
+            if tensors:
+                print("  holders per tensor (a slice is lost only when every rank holding it fails):")
+                for line in holder_lines(tensors):
+                    print(f"    {line}")
     if args.json:
         print(json.dumps(out if len(out) > 1 else out[0], indent=1))
     return 0
+
+
+def holder_lines(tensors: dict) -> list[str]:
+    """Tensors grouped by how many ranks hold each of their slices: the failures each group survives."""
+    by_size = {}
+    for name, holders in tensors.items():
+        by_size.setdefault(min(len(h) for h in holders), []).append((name, holders))
+    out = []
+    for size, group in sorted(by_size.items(), reverse=True):
+        names = [name for name, _ in group if not name.startswith(("moment", "moments."))] or [group[0][0]]
+        sets = sorted({tuple(h) for _, holders in group for h in holders})
+        survive = "any single failure" if size == 2 else f"any {size - 1} failures" if size > 1 else "no failure"
+        out.append(f"{len(group)} tensor(s) with {size} holder(s) per slice ({_sets([list(x) for x in sets])}), "
+                   f"e.g. {', '.join(names[:2])}: survive {survive}")
+    return out
 
 
 # -- merge ------------------------------------------------------------------------------------------------

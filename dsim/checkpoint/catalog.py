@@ -213,3 +213,18 @@ def group_sets(indexes: dict, checkpoint: Checkpoint) -> list:
         return [list(s) for s in sets]
     layout = checkpoint.layout()
     return replica_sets(layout) if layout else []
+
+
+def tensor_holder_sets(indexes: dict) -> dict:
+    """From the files themselves: tensor name -> the sets of ranks holding identical slices of it.
+
+    A slice is lost only when every rank of its set fails; tensors replicated beyond the replica sets
+    (LayerNorm, biases after row layers, replicated embeddings) have larger sets than the group info.
+    """
+    where = {}
+    for rank, ix in sorted(indexes.items()):
+        if not isinstance(ix, ShardIndex):
+            continue
+        for key, (_, piece, _, _, _) in ix.tensors.items():
+            where.setdefault(key.split("/", 1)[1], {}).setdefault(piece, []).append(rank)
+    return {name: sorted(sorted(ranks) for ranks in pieces.values()) for name, pieces in sorted(where.items())}
