@@ -1,0 +1,195 @@
+"""The seed pages' own models end to end under mpirun -n 8, as a user runs them from configs/.
+
+- LeNet5, the fault-recovery page: a fault at the end of epoch 6, the page's checkpoint listing, resume
+  with a new prefix for epochs 7-10, bit-identical to an uninterrupted run (epochs cut to 4 steps).
+- The Transformer, the distributed page (dp2 x mp4, AdamWeightDecay, small sizes): kill a rank, delete a
+  shard, resume from its replica; a LayerNorm damaged on a rank and on its replica taken from another
+  holder; the last gasp and a UCE repaired in the job. Each ends bit-identical to an uninterrupted run.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun
+from dsim.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.e2e
+LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
+LENET = ["-m", "dsim.train", "--config", str(ROOT / "configs" / "lenet5.yaml"), "--set", "data.num_samples=640",
+         "--set", "train.steps_per_epoch=4", "--set", "output.loss_every=1", "--set", "output.dir=run"]
+TRANSFORMER = ["-m", "dsim.train", "--config", str(ROOT / "configs" / "transformer.yaml"),
+               "--set", "model.transformer={vocab_size: 256, d_model: 32, num_heads: 8}",
+               "--set", "data.num_samples=160", "--set", "checkpoint.save_checkpoint_steps=7",
+               "--set", "output.dir=run"]  # 4 epochs of 5 steps, saves at steps 7 and 14 and the end
+
+
+def same_state(ref_dir, ref_name, dir_, name):
+    """Every rank's parameters and optimizer state of two checkpoints, bit for bit."""
+    for rank in range(8):
+        a = load_checkpoint(ref_dir / f"rank_{rank}" / f"{ref_name}.h5")
+        b = load_checkpoint(dir_ / f"rank_{rank}" / f"{name}.h5")
+        assert a.slices and set(a.slices) == set(b.slices), rank
+        for key in a.slices:
+            assert np.array_equal(a[key], b[key]), (rank, key)
+
+
+def test_lenet5_fault_recovery_page(tmp_path):
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "job").mkdir()
+    ref = mpirun(8, LENET, cwd=tmp_path / "ref", check=0)
+    job = tmp_path / "job"
+    crash = mpirun(8, [*LENET, "--set", "fault.kind=exception"], cwd=job)
+    assert crash.returncode != 0 and "Some errors happen." in crash.stderr
+    ckpt = job / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir() if p.is_file()) == [
+        "lenet-2_4.commit", "lenet-3_4.commit", "lenet-4_4.commit", "lenet-5_4.commit", "lenet-6_4.commit",
+        "lenet-graph.meta"]
+    assert sorted(p.name for p in (ckpt / "rank_0").glob("*.h5")) == [f"lenet-{e}_4.h5" for e in range(2, 7)]
+    p = load_checkpoint(ckpt / "rank_0" / "lenet-6_4.h5")
+    assert (int(p["epoch_num"]), int(p["step_num"]), float(p["lr"]), float(p["momentum"])) == (6, 24, 0.01, 0.9)
+    resumed = mpirun(8, [*LENET, "--resume", "auto"], cwd=job, check=0)
+    assert "resumed from run/checkpoints/rank_0/lenet-6_4.h5 (global step 24: epoch 7 step 0)" in resumed.stdout
+    assert sorted(p.name for p in ckpt.glob("lenet_1*")) == [
+        "lenet_1-10_4.commit", "lenet_1-7_4.commit", "lenet_1-8_4.commit", "lenet_1-9_4.commit", "lenet_1-graph.meta"]
+    ref_losses = LOSS.findall(ref.stdout)
+    assert len(ref_losses) == 40 and LOSS.findall(resumed.stdout) == ref_losses[24:]
+    assert float(ref_losses[-1][2]) < float(ref_losses[0][2])  # it learns
+    same_state(tmp_path / "ref" / "run" / "checkpoints", "lenet-10_4", ckpt, "lenet_1-10_4")
+
+
+@pytest.fixture(scope="module")
+def transformer_reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("transformer-ref")
+    proc = mpirun(8, TRANSFORMER, cwd=d, check=0)
+    losses = LOSS.findall(proc.stdout)
+    assert len(losses) == 20 and "transformer encoder 1 x decoder 1, d_model 32, 8 heads" in proc.stdout
+    return losses, d / "run" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def transformer_killed(tmp_path_factory):
+    """Rank 3 SIGKILLed after step 17: the newest committed checkpoint is test-3_4 (global step 14)."""
+    d = tmp_path_factory.mktemp("transformer-killed")
+    proc = mpirun(8, [*TRANSFORMER, "--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.step=17"],
+                  cwd=d, timeout=120)
+    assert proc.returncode != 0 and "killing rank 3 (SIGKILL) at step 17" in proc.stdout
+    assert sorted(p.name for p in (d / "run" / "checkpoints").glob("*.commit")) == ["test-2_2.commit",
+                                                                                    "test-3_4.commit"]
+    return d
+
+
+def flip_bytes(path, dataset):
+    """Damage one tensor's data in place, as a bad disk block would."""
+    with h5py.File(path, "r") as f:
+        ds = f[dataset]
+        offset = ds.id.get_offset() + ds.nbytes // 2
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_transformer_lost_shard_is_taken_from_its_replica(transformer_reference, transformer_killed, tmp_path):
+    ref_losses, ref_ckpt = transformer_reference
+    job = tmp_path / "job"
+    shutil.copytree(transformer_killed, job)
+    (job / "run" / "checkpoints" / "rank_0" / "test-3_4.h5").unlink()
+    proc = mpirun(8, [*TRANSFORMER, "--resume", "auto"], cwd=job, check=0)
+    assert ("dsim: recovery: rank 0: checkpoint file not found: run/checkpoints/rank_0/test-3_4.h5; "
+            "using the replica on rank 4 (group info [0, 4])") in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[14:]
+    same_state(ref_ckpt, "test-4_5", job / "run" / "checkpoints", "test_1-4_5")
+
+
+def test_transformer_layernorm_damaged_on_a_rank_and_its_replica(transformer_reference, transformer_killed,
+                                                                  tmp_path):
+    """Rank 0 and its only replica, rank 4, both have a damaged LayerNorm gamma: it is held by every rank."""
+    ref_losses, ref_ckpt = transformer_reference
+    job = tmp_path / "job"
+    shutil.copytree(transformer_killed, job)
+    ckpt = job / "run" / "checkpoints"
+    gamma = "encoder.blocks.0.layernorm1.gamma"
+    for rank in (0, 4):
+        flip_bytes(ckpt / f"rank_{rank}" / "test-3_4.h5", f"params/{gamma}")
+    proc = mpirun(8, [*TRANSFORMER, "--resume", "auto", "--repair"], cwd=job, check=0)
+    for rank in (0, 4):
+        assert re.search(rf"dsim: recovery: rank {rank}: checksum mismatch in run/checkpoints/rank_{rank}/test-3_4.h5: "
+                         rf"{gamma}; no replica in its group info \[0, 4\] is whole, taking {gamma} from rank \d "
+                         r"\(other holders of the same slices\)", proc.stdout), proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[14:]
+    same_state(ref_ckpt, "test-4_5", ckpt, "test_1-4_5")
+    tools = subprocess.run([sys.executable, "-m", "dsim.inspect", str(ckpt), "--verify"], capture_output=True,
+                           text=True, timeout=120)
+    assert tools.returncode == 0, tools.stdout + tools.stderr  # repaired in place: every file verifies
+    report = subprocess.run([sys.executable, "-m", "dsim.inspect", str(ckpt), "--survivability", "--json"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    holders = json.loads(report.stdout)["tensor_holders"]
+    assert holders[gamma] == [list(range(8))]  # survives {0, 4} failing, unlike rank 0's attention slices
+    assert holders["encoder.blocks.0.attention.dense1.weight"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_transformer_last_gasp_then_resume(transformer_reference, tmp_path):
+    ref_losses, ref_ckpt = transformer_reference
+    ttp = [*TRANSFORMER, "--set", "tft.ttp=true"]
+    crash = mpirun(8, [*ttp, "--set", "fault.kind=kill", "--set", "fault.rank=5", "--set", "fault.at=update",
+                       "--set", "fault.step=13"], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1 and re.search(
+        r"dsim: error: rank\(s\) 5 failed; last-gasp checkpoint ttp-3_3 \(global step 13\) committed", crash.stderr), \
+        crash.stderr
+    proc = mpirun(8, [*ttp, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "resumed from run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_13/rank_0/ttp_rank_0-3_3.h5" \
+        in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[13:]
+    same_state(ref_ckpt, "test-4_5", tmp_path / "run" / "checkpoints", "test_1-4_5")
+
+
+def test_transformer_uce_is_repaired_in_the_job(transformer_reference, tmp_path):
+    ref_losses, ref_ckpt = transformer_reference
+    proc = mpirun(8, [*TRANSFORMER, "--set", "tft.uce=true", "--set", "fault.kind=uce", "--set", "fault.rank=2",
+                      "--set", "fault.at=forward", "--set", "fault.step=9"], cwd=tmp_path, check=0, ft=True)
+    assert ("dsim: uce: rank(s) 2 had an uncorrectable memory error (UCE); repaired in the job: rank 2 from rank 6 "
+            "(group info [2, 6]); training goes on after step 8") in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses
+    same_state(ref_ckpt, "test-4_5", tmp_path / "run" / "checkpoints", "test-4_5")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "model.name=lenet6"], "config: model.name must be one of network, uce_network, lenet5, transformer, "
+                                     "got 'lenet6'"),
+    (["--set", "model.name=lenet5", "--set", "parallel.model_parallel=3", "--set", "parallel.data_parallel=1"],
+     "layout data_parallel=1 x model_parallel=3 = 3 ranks does not fit the world size 4"),
+    (["--config", str(ROOT / "configs" / "lenet5.yaml"), "--set", "parallel.data_parallel=null",
+      "--set", "parallel.model_parallel=4", "--set", "model.name=lenet5"], None),  # 16 channels / 4: fine
+    (["--config", str(ROOT / "configs" / "transformer.yaml"), "--set", "parallel.data_parallel=1",
+      "--set", "model.transformer.num_heads=6", "--set", "model.transformer.d_model=24"],
+     "transformer: num_heads=6 is not divisible by model_parallel=4"),
+    (["--config", str(ROOT / "configs" / "transformer.yaml"), "--set", "parallel.data_parallel=1",
+      "--set", "parallel.vocab_emb_dp=false", "--set", "model.transformer.vocab_size=1001"],
+     "transformer: vocab_size (vocab_emb_dp: false)=1001 is not divisible by model_parallel=4"),
+    (["--config", str(ROOT / "configs" / "transformer.yaml"), "--set", "parallel.data_parallel=1",
+      "--set", "model.transformer.src_len=12", "--set", "model.transformer.max_position=10"],
+     "config: transformer: the source length 12 is longer than the position table (max_position=10)"),
+    (["--config", str(ROOT / "configs" / "transformer.yaml"), "--set", "parallel.data_parallel=1",
+      "--set", "data.name=text", "--set", "data.path=pairs.txt"],
+     "malformed line 3 in pairs.txt: expected 'source<TAB>target'"),
+    (["--set", "model.name=transformer"], "config: model transformer needs data.name translation, text, "
+                                          "got 'synthetic'"),
+])
+def test_bad_model_input_is_one_line(tmp_path, args, message):
+    (tmp_path / "pairs.txt").write_text("le chat\tthe cat\nun chien\ta dog\nno tab here\n")
+    if message is None:  # a layout the model admits: it trains (one step)
+        proc = mpirun(4, ["-m", "dsim.train", *args, "--set", "train.epochs=1", "--set", "train.steps_per_epoch=1",
+                          "--set", "checkpoint.enabled=false", "--set", "output.loss_every=1"], cwd=tmp_path, check=0)
+        assert "data_parallel=1 model_parallel=4" in proc.stdout and "epoch: 1 step: 1, loss is" in proc.stdout
+        return
+    proc = mpirun(4, ["-m", "dsim.train", *args], cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim:")]  # prterun adds its notice
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("dsim: error: ") and \
+        message in errors[0] and "Traceback" not in proc.stderr, proc.stderr
