@@ -55,7 +55,7 @@ def test_bench_runs_at_toy_size(tmp_path):
                         "--workdir", str(tmp_path / "work")], ROOT, 300, 0)
     assert "| figure | min | median | target |" in proc.stdout
     results = json.loads(out.read_text())
-    assert list(results["suites"]) == ["save_load", "planning", "training", "recovery"]
+    assert list(results["suites"]) == ["save_load", "planning", "training", "recovery", "models"]
     assert results["machine"]["cores"] >= 1 and results["versions"]["h5py"]
     assert list((tmp_path / "work").iterdir()) == []  # every benchmark file removed
 
@@ -84,9 +84,13 @@ def test_bench_runs_at_toy_size(tmp_path):
         assert {w: rep[w]["resumed_from"] for w in rep} == {"restart": 5, "last_gasp": 8, "healing": 8}
         assert all(0 < rep[w]["seconds"] < 120 for w in rep)
 
+    models = results["suites"]["models"]["figures"]  # each seed model on 2 ranks and in one process
+    assert set(models) == {"lenet5", "transformer"}
+    assert all(len(f["ranks_over_single"]) == 1 and f["single_step_s"][0] > 0 for f in models.values())
+
 
 def test_bench_unknown_suite_is_one_error_line(tmp_path):
     proc = run_command([sys.executable, "-m", "bench", "--only", "nope", "--out", str(tmp_path / "x.json")],
                        ROOT, 60, 2)
-    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: save_load, planning, training, recovery)"]
+    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: save_load, planning, training, recovery, models)"]
     assert not (tmp_path / "x.json").exists()

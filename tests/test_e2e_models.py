@@ -59,7 +59,6 @@ def test_lenet5_fault_recovery_page(tmp_path):
         "lenet_1-10_4.commit", "lenet_1-7_4.commit", "lenet_1-8_4.commit", "lenet_1-9_4.commit", "lenet_1-graph.meta"]
     ref_losses = LOSS.findall(ref.stdout)
     assert len(ref_losses) == 40 and LOSS.findall(resumed.stdout) == ref_losses[24:]
-    assert float(ref_losses[-1][2]) < float(ref_losses[0][2])  # it learns
     same_state(tmp_path / "ref" / "run" / "checkpoints", "lenet-10_4", ckpt, "lenet_1-10_4")
 
 

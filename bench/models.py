@@ -1,0 +1,52 @@
+"""The seed models' time per step on 8 ranks beside one process on the same global batch.
+
+For LeNet5 (configs/lenet5.yaml, dp4 x mp2) and the Transformer (configs/transformer.yaml, dp2 x mp4):
+bench.training_ranks trains without checkpoints on the config's layout, then in one process (dp1 x mp1),
+same model, batch and optimizer; the figure is (8-rank step) / (1-process step), per repeat, both measured
+in this run. On a machine with fewer cores than ranks the 8 ranks share them: the ratio shows the cost of
+slicing (communication, smaller matrices) rather than a speed-up.
+"""
+from __future__ import annotations
+
+from .harness import ROOT, row, run_worker
+
+NAME = "models"
+TITLE = "Seed models: time per step on 8 ranks / one process, same global batch"
+MODELS = {"lenet5": [], "transformer": []}
+SIZES = {"full": {"ranks": 8, "steps": 30, "repeats": 3, "timeout": 1800, "overrides": MODELS},
+         "quick": {"ranks": 8, "steps": 15, "repeats": 3, "timeout": 900, "overrides": MODELS},
+         "toy": {"ranks": 2, "steps": 4, "repeats": 1, "timeout": 300,
+                 "overrides": {"lenet5": ["parallel.data_parallel=1", "parallel.model_parallel=2"],
+                               "transformer": ["parallel.data_parallel=1", "parallel.model_parallel=2",
+                                               "model.transformer.vocab_size=512"]}}}
+SINGLE = ["parallel.data_parallel=1", "parallel.model_parallel=1", "parallel.optimizer_shard=1"]
+
+
+def run(params: dict, workdir, opts) -> dict:
+    raw = {}
+    for model, overrides in params["overrides"].items():
+        for where, ranks, extra in (("ranks", params["ranks"], []), ("single", 1, SINGLE)):
+            def args_in(d):
+                return ["--config", ROOT / "configs" / f"{model}.yaml", "--plan", f"none={params['steps']}",
+                        "--repeats", params["repeats"], "--dir", d / "runs",
+                        *[a for o in [*overrides, *extra] for a in ("--set", o)]]
+            raw[f"{model}/{where}"] = run_worker(f"{NAME}-{model}-{where}", "bench.training_ranks",
+                                                 {**params, "ranks": ranks}, workdir, opts, args_in)
+    return summarize(params, raw)
+
+
+def summarize(params: dict, raw: dict) -> dict:
+    rows, figures = [], {}
+    for model in params["overrides"]:
+        many = [r["variants"]["none"]["step_s"] for r in raw[f"{model}/ranks"]["repeats"]]
+        one = [r["variants"]["none"]["step_s"] for r in raw[f"{model}/single"]["repeats"]]
+        ratios = [a / b for a, b in zip(many, one)]
+        figures[model] = {"ranks_step_s": many, "single_step_s": one, "ranks_over_single": ratios}
+        rows.append(row(f"{model}: time per step, one process ({params['steps']} steps)", [1000 * b for b in one], "ms"))
+        rows.append(row(f"{model}: time per step on {params['ranks']} ranks / one process", ratios, "x"))
+    return {"params": params, "figures": figures, "raw": raw, "rows": rows}
+
+
+def rows_again(suite: dict) -> list:
+    """Rows of a stored result (python -m bench --retable)."""
+    return summarize(suite["params"], suite["raw"])["rows"]
