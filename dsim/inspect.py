@@ -299,4 +299,5 @@ def do_merge(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from . import guard
+    guard.run(main)

@@ -146,4 +146,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from . import guard
+    guard.run(main)

@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 import time
-import traceback
 
+from . import guard
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DatasetError
@@ -59,6 +59,7 @@ def main(argv=None) -> int:
         if args.repair and not args.resume:
             raise ConfigError("--repair needs --resume")
         cfg = load_config(args.config, args.overrides)
+        guard.set_run_dir(cfg.output.dir)
         run = build_run(cfg, comm)
         if comm.rank == 0:
             print(describe(run), flush=True)
@@ -115,9 +116,5 @@ def leave(code: int):
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except Exception:  # a crash of this rank (a bug): MPI must see it die, not wait for it in MPI_Finalize
-        traceback.print_exc()
-        leave(1)
-    sys.exit(code)
+    from .config import Config
+    guard.run(main, run_dir=Config().output.dir)  # a crash of this rank (a bug): one line, MPI sees it die

@@ -17,7 +17,9 @@ import re
 import warnings
 from pathlib import Path
 
+from .errors import CheckpointError
 from .format import fsync_path
+from .paths import check_record, safe_rank_dir
 
 COMMIT_FORMAT = "dsim-commit/1"
 NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)$")
@@ -71,9 +73,13 @@ def committed(directory) -> list[dict]:
     for path in Path(directory).glob("*.commit"):
         try:
             record = json.loads(path.read_text())
-            if record.get("format") == COMMIT_FORMAT:
+            if isinstance(record, dict) and record.get("format") == COMMIT_FORMAT:
+                check_record(directory, record)
                 records.append(record)
                 continue
+        except CheckpointError as e:  # a path outside the directory, a name with a directory part, ...
+            warnings.warn(f"ignoring malformed commit record {path}: {e}")
+            continue
         except (ValueError, OSError):
             pass
         warnings.warn(f"ignoring unreadable commit record {path}")
@@ -105,8 +111,14 @@ def unique_prefix(directory, prefix: str) -> str:
 def clean_leftovers(directory, rank: int, committed_names: set) -> list[Path]:
     """Remove temporaries and uncommitted files rank is responsible for; warn about each."""
     d = Path(directory)
-    mine = list(rank_dir(d, rank).glob("*.tmp")) + [
-        p for p in rank_dir(d, rank).glob("*.h5") if p.name[:-3] not in committed_names]
+    # a file named by any commit record, even one ignored as malformed, is never a leftover: never removed
+    committed_names = set(committed_names) | {p.name[:-len(".commit")] for p in d.glob("*.commit")}
+    mine, own = [], rank_dir(d, rank)
+    if own.exists() or own.is_symlink():
+        if safe_rank_dir(d, own):
+            mine = list(own.glob("*.tmp")) + [p for p in own.glob("*.h5") if p.name[:-3] not in committed_names]
+        else:
+            warnings.warn(f"not cleaning {own}: a symlink or outside {d}")
     if rank == 0:
         mine += list(d.glob("*.tmp")) + [p for p in d.glob("*.h5") if p.name[:-3] not in committed_names]
     for p in mine:

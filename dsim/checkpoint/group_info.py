@@ -29,7 +29,9 @@ def replica_sets(layout: ParallelLayout) -> list[list[int]]:
 
 def write_group_info(path, layout: ParallelLayout, rank: int) -> Path:
     """Write rank's group info as a small JSON file (atomically); returns the path written."""
-    path = Path(str(path).replace("{rank}", str(rank)))
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise CheckpointError(f"group info: rank {rank!r} is not a rank number")
+    path = Path(str(path).replace("{rank}", str(rank)))  # digits only
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"format": FORMAT, "rank": rank, "group_info": group_info(layout, rank),

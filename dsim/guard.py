@@ -1,0 +1,105 @@
+"""The guard at every entry point: an unexpected exception becomes one line, never a traceback on the terminal.
+
+    dsim: error: internal error on rank R: <Type>: <message> (full traceback in <run dir>/logs/rank_R.err)
+
+The traceback is kept in that file; the process exits 1 at once (without MPI_Finalize), so under mpirun the
+other ranks end too rather than wait for this one. DSIM_DEBUG=1 prints the traceback as well, for developers.
+Warnings are shown as one line each (`dsim: warning: ...`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+from pathlib import Path
+
+_run_dir = None
+
+
+def set_run_dir(path) -> None:
+    """Where the traceback of an internal error goes (<path>/logs/rank_R.err): the run's output directory."""
+    global _run_dir
+    _run_dir = path
+
+
+def rank() -> int:
+    """This process's MPI rank: from mpi4py when MPI is up, else the launcher's environment, else 0."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            return mpi.COMM_WORLD.Get_rank()
+    except Exception:
+        pass
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _format_warning(message, category, filename, lineno, line=None):
+    return f"dsim: warning: {one_line(message, 500)}\n"
+
+
+def keep_traceback(r: int, text: str) -> Path:
+    """Write text to <run dir>/logs/rank_R.err (or, when that cannot be written, a temporary file)."""
+    bases = ([Path(_run_dir) / "logs"] if _run_dir else []) + [Path(tempfile.gettempdir()) / "dsim-logs"]
+    for base in bases:
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            path = base / f"rank_{r}.err"
+            path.write_text(text)
+            return path
+        except OSError:
+            continue
+    return Path("(not kept: no writable directory)")
+
+
+def report(exc: BaseException) -> str:
+    """Keep exc's traceback in this rank's log file; return the one line for the terminal."""
+    r = rank()
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    path = keep_traceback(r, text)
+    if os.environ.get("DSIM_DEBUG") == "1":
+        sys.stderr.write(text)
+    return (f"dsim: error: internal error on rank {r}: {type(exc).__name__}: {one_line(exc)} "
+            f"(full traceback in {path})")
+
+
+def run(main, argv=None, run_dir=None) -> None:
+    """Run an entry point's main(argv) -> exit code under the guard; never returns.
+
+    run_dir: where the traceback goes until main names the run's own directory (set_run_dir); without one,
+    <tmp>/dsim-logs (the tools never write into the directories they read)."""
+    set_run_dir(run_dir)
+    warnings.formatwarning = _format_warning
+    try:
+        code = main(argv)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        print("dsim: error: interrupted", file=sys.stderr, flush=True)
+        _leave(130)
+    except BaseException as e:  # a bug (or a failure nobody foresaw): one line, the traceback in the log
+        try:
+            line = report(e)
+        except BaseException as again:  # the guard must not fail into a traceback either
+            line = f"dsim: error: internal error on rank {rank()}: {type(e).__name__}: {one_line(e)} ({again})"
+        print(line, file=sys.stderr, flush=True)
+        _leave(1)
+    sys.exit(code)
+
+
+def _leave(code: int) -> None:
+    """End now, without MPI_Finalize: the other ranks must see this one die, not wait for it."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
