@@ -212,6 +212,10 @@ def load_config(path=None, overrides=()) -> Config:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config: {path} is not a text file (not UTF-8)") from None
+        except OSError as e:
+            raise ConfigError(f"config: cannot read {path}: {e.strerror}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping at the top level")
     for item in overrides:
@@ -285,8 +289,61 @@ def validate(cfg: Config) -> None:
     if tokens != (cfg.data.name in TOKEN_DATASETS):
         want = ", ".join(TOKEN_DATASETS) if tokens else ", ".join(n for n in DATASETS if n not in TOKEN_DATASETS)
         raise ConfigError(f"config: model {cfg.model.name} needs data.name {want}, got {cfg.data.name!r}")
+    ranges(cfg)
     if cfg.data.name in ("mnist", "text"):
         if not cfg.data.path:
             raise ConfigError(f"config: data.path is required when data.name is {cfg.data.name}")
         if not Path(cfg.data.path).exists():
             raise ConfigError(f"config: data.path not found: {cfg.data.path}")
+
+
+MAX_WIDTH = 1 << 16  # a wider layer would not fit in memory on any machine dsim runs on
+
+
+def _need(ok: bool, key: str, allowed: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"config: {key} must be {allowed}, got {value!r}")
+
+
+def ranges(cfg: Config) -> None:
+    """Ranges and allowed values of the keys the type checks leave open (one line naming key, value, allowed)."""
+    _need(0 <= cfg.seed < 2**32, "seed", "in [0, 2**32)", cfg.seed)
+    o = cfg.optimizer
+    _need(o.learning_rate > 0, "optimizer.learning_rate", "> 0", o.learning_rate)
+    for key in ("momentum", "beta1", "beta2"):
+        _need(0 <= getattr(o, key) < 1, f"optimizer.{key}", "in [0, 1)", getattr(o, key))
+    _need(o.eps > 0, "optimizer.eps", "> 0", o.eps)
+    _need(o.weight_decay >= 0, "optimizer.weight_decay", ">= 0", o.weight_decay)
+    from .optim.schedule import LRSchedule
+    s = o.schedule
+    _need(s.name in LRSchedule.NAMES, "optimizer.schedule.name", f"one of {', '.join(LRSchedule.NAMES)}", s.name)
+    _need(s.warmup_steps >= 0, "optimizer.schedule.warmup_steps", ">= 0", s.warmup_steps)
+    _need(s.decay_steps >= 1, "optimizer.schedule.decay_steps", ">= 1", s.decay_steps)
+    _need(s.decay_rate > 0, "optimizer.schedule.decay_rate", "> 0", s.decay_rate)
+    _need(s.min_lr >= 0, "optimizer.schedule.min_lr", ">= 0", s.min_lr)
+    h = cfg.model.hidden
+    if h is not None:
+        _need(len(h) >= 1, "model.hidden", "a list of one or more widths", h)
+        _need(all(w <= MAX_WIDTH for w in h), "model.hidden", f"widths <= {MAX_WIDTH}", h)
+    p = cfg.parallel
+    for key in ("data_parallel", "model_parallel", "optimizer_shard"):
+        value = getattr(p, key, None)
+        if value is not None:
+            _need(isinstance(value, int) and value >= 1, f"parallel.{key}", "an integer >= 1", value)
+    c = cfg.checkpoint
+    prefix_ok = bool(c.prefix) and c.prefix not in (".", "..") and not any(ch in c.prefix for ch in "/\\\0")
+    _need(prefix_ok, "checkpoint.prefix", "a plain file name (no '/')", c.prefix)
+    if c.group_info_file is not None:
+        _need(bool(c.group_info_file.strip()), "checkpoint.group_info_file", "a path or null", c.group_info_file)
+    for key in ("directory", "path"):
+        value = getattr(c if key == "directory" else cfg.data, key)
+        _need(value is None or (value and "\0" not in value), f"{'checkpoint' if key == 'directory' else 'data'}.{key}",
+              "a path or null", value)
+    _need(bool(cfg.output.dir) and "\0" not in cfg.output.dir, "output.dir", "a path", cfg.output.dir)
+    if c.enabled:
+        from .checkpoint import CheckpointConfig, CheckpointError
+        try:
+            CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
+                             c.integrated_save, c.append_info)
+        except CheckpointError as e:
+            raise ConfigError(f"config: {e}") from None

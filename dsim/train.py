@@ -16,6 +16,7 @@ from .config import ConfigError, load_config
 from .data import DatasetError
 from .faults import InjectedFault, UCEError
 from .parallel.layout import LayoutError
+from .writable import check_places
 
 USER_ERRORS = (ConfigError, LayoutError, DatasetError, CheckpointError)
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
         if args.repair and not args.resume:
             raise ConfigError("--repair needs --resume")
         cfg = load_config(args.config, args.overrides)
+        check_places(cfg, comm)
         guard.set_run_dir(cfg.output.dir)
         run = build_run(cfg, comm)
         if comm.rank == 0:
