@@ -10,6 +10,7 @@ from `seed`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -169,6 +170,8 @@ def _convert(value, hint, key):
     }[hint]
     if not ok:
         raise ConfigError(f"config: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+    if hint is float and not math.isfinite(value):
+        raise ConfigError(f"config: {key} must be a finite number, got {value!r}")
     return float(value) if hint is float else value
 
 

@@ -10,6 +10,8 @@ BAD = {
     "optimizer.learning_rate=-1": "optimizer.learning_rate must be > 0",
     "optimizer.beta1=2": "optimizer.beta1 must be in [0, 1)",
     "optimizer.eps=0": "optimizer.eps must be > 0",
+    "optimizer.eps=.inf": "optimizer.eps must be a finite number, got inf",
+    "optimizer.learning_rate=.nan": "optimizer.learning_rate must be a finite number, got nan",
     "optimizer.schedule.name=x": "optimizer.schedule.name must be one of constant, cosine, exponential, got 'x'",
     "optimizer.schedule.decay_steps=0": "optimizer.schedule.decay_steps must be >= 1, got 0",
     "model.hidden=[]": "model.hidden must be a list of one or more widths",
