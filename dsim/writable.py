@@ -53,11 +53,21 @@ def problem(key: str, path: Path):
     return None
 
 
+def linked_rank_dir(key: str, directory: Path):
+    """One line when a rank directory of a checkpoint directory is a symlink: never written through."""
+    if key == "checkpoint.directory" and directory.is_dir():
+        for p in sorted(directory.glob("rank_*")):
+            if p.is_symlink():
+                return (f"config: {key} {str(directory)!r}: {p.name} is a symlink (to {os.readlink(p)}); "
+                        "dsim never writes through one")
+    return None
+
+
 def check_places(cfg: Config, comm=None) -> None:
     """Raise ConfigError on every rank when rank 0 finds a place the run cannot write in (collective)."""
     error = None
     if comm is None or comm.rank == 0:
-        error = next((p for p in (problem(k, d) for k, d in places(cfg)) if p), None)
+        error = next((p for p in (problem(k, d) or linked_rank_dir(k, d) for k, d in places(cfg)) if p), None)
     if comm is not None:
         error = comm.bcast(error, root=0)
     if error:

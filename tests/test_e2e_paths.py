@@ -100,7 +100,8 @@ def test_symlinked_rank_dir_is_a_clear_error(job, tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: error:")]
-    assert errors == ["dsim: error: no committed checkpoint in run/checkpoints"], proc.stderr
+    assert errors == ["dsim: error: config: checkpoint.directory 'run/checkpoints': rank_1 is a symlink "
+                      f"(to {d / 'victim' / 'rank_1'}); dsim never writes through one"], proc.stderr
 
 
 @pytest.mark.parametrize("kind", ["dotdot", "absolute", "file_link", "dir_link"])
