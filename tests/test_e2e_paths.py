@@ -113,3 +113,23 @@ def test_inspect_verify_names_the_record_and_reads_nothing_outside(job, tmp_path
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "malformed commit record" in proc.stdout + proc.stderr
+
+
+def test_a_damaged_link_inside_is_renamed_not_its_target(job, tmp_path):
+    """rank 1's file is a symlink to rank 0's (inside the directory, so the record is well formed): it holds
+    the wrong rank's shard, so --repair keeps the link as .damaged and writes a file; rank 0's is untouched."""
+    d = tmp_path / "job"
+    shutil.copytree(job, d)
+    ckpt = d / "run" / "checkpoints"
+    link = ckpt / "rank_1" / f"{NEWEST}.h5"
+    link.unlink()
+    link.symlink_to(f"../rank_0/{NEWEST}.h5")
+    target = digest(ckpt / "rank_0", None)
+    proc = mpirun(2, [*RUN, "--resume", "auto", "--repair", "--set", "train.epochs=2"], cwd=d, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert f"resumed from run/checkpoints/rank_0/{NEWEST}.h5" in proc.stdout
+    kept = ckpt / "rank_1" / f"{NEWEST}.h5.damaged"
+    assert kept.is_symlink() and os.readlink(kept) == f"../rank_0/{NEWEST}.h5"
+    assert link.is_file() and not link.is_symlink()
+    assert {k: v for k, v in digest(ckpt / "rank_0", None).items() if NEWEST in k} == \
+        {k: v for k, v in target.items() if NEWEST in k}
