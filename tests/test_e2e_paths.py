@@ -10,11 +10,11 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
-from conftest import ROOT, mpirun, run_command
-import sys
+from conftest import mpirun, run_command
 
 pytestmark = pytest.mark.e2e
 RUN = ["-m", "dsim.train", "--set", "model.hidden=[16,16]", "--set", "data.num_samples=64",

@@ -48,7 +48,7 @@ def check_record(directory, record: dict) -> None:
     if files is None:
         return
     if not isinstance(files, dict):
-        raise CheckpointError(f"files is not a mapping of rank -> path")
+        raise CheckpointError("files is not a mapping of rank -> path")
     for rank, rel in files.items():
         if not str(rank).isdigit():
             raise CheckpointError(f"files has a key {rank!r} that is not a rank")
