@@ -152,6 +152,7 @@ class ModelCheckpoint(Callback):
         self.group_info_file = group_info_file or os.environ.get("GROUP_INFO_FILE")
         self.prefix = None
         self.last_saved_step = None
+        self.last_failed_step = None   # a save refused by the storage (on_save_error: continue) is not retried at once
         self.saved = []
 
     # -- callback hooks ------------------------------------------------------------------------------
@@ -227,6 +228,8 @@ class ModelCheckpoint(Callback):
         """Write this step's checkpoint on every rank and commit it; returns its name."""
         if self.last_saved_step == cb.cur_step_num:
             return self.saved[-1]
+        if self.last_failed_step == cb.cur_step_num:
+            return None
         t0 = time.perf_counter()
         groups = cb.model.groups
         comm, layout, rank = groups.world, groups.layout, cb.rank
@@ -315,6 +318,7 @@ class ModelCheckpoint(Callback):
                    + (f"the latest checkpoint is still {latest}" if latest else "no checkpoint is committed"))
         if self.on_save_error == "stop":
             raise SaveError(comm.bcast(message, root=0))
+        self.last_failed_step = cb.cur_step_num
         if rank == 0:
             print(f"dsim: warning: {message}; training goes on and the next save tries again "
                   "(checkpoint.on_save_error: continue)", file=sys.stderr, flush=True)
