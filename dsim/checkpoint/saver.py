@@ -116,8 +116,8 @@ def check_writable(directory) -> None:
         probe.unlink()
     except OSError as e:
         raise SaveError(f"cannot save checkpoints in {directory}: {error_text(e)} ({free_space(directory)}); "
-                        "set checkpoint.directory to a writable directory (--resume-from DIR resumes from "
-                        "another, which is only read)") from None
+                        f"save elsewhere (checkpoint.directory), and to resume from its checkpoints, --resume-from "
+                        f"{directory}") from None
 
 
 def append_info(items, epoch: int, global_step: int) -> dict:
