@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpirun, readonly_view, tmpfs
+from conftest import mpirun, readonly_view, tmpfs
 from dsim.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
