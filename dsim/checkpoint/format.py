@@ -266,8 +266,8 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
     """Read a checkpoint file; raises CheckpointError with one line if it is missing, foreign, truncated or corrupt.
 
     verify: every tensor's CRC-32 and the metadata checksums (format 2) must match; a mismatch names the item.
-    With a list as `damaged`, a tensor whose data does not match its checksum is left out and its name appended
-    there instead of raising (recovery then takes just that tensor from another holder).
+    With a list as `damaged`, a tensor whose data does not match its checksum is left out and `<kind>/<name>`
+    appended there instead of raising (recovery then takes just that tensor from another holder).
     """
     path = Path(path)
     if not path.is_file():
@@ -293,7 +293,7 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
                     if verify and crc32(data) != int(a["crc32"]):
                         if damaged is None:
                             raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
-                        damaged.append(name)
+                        damaged.append(f"{kind}/{name}")
                         continue
                     shard.tensors[name] = Tensor(kind, name, tuple(int(x) for x in a["global_shape"]),
                                                  Slice(tuple(int(x) for x in a["offsets"]),

@@ -119,7 +119,7 @@ def read_own(directory, record: dict, rank: int):
     if not record["integrated_save"] and meta.get("rank") != rank:
         return None, f"{path} holds rank {meta.get('rank')}'s shard", None
     if damaged:
-        return shard, f"checksum mismatch in {path}: {', '.join(damaged)}", damaged
+        return shard, f"checksum mismatch in {path}: {', '.join(damaged)}", [d.split("/", 1)[1] for d in damaged]
     return shard, None, []
 
 
