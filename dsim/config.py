@@ -101,6 +101,7 @@ class CheckpointSection:
     integrated_save: bool = False            # False: each rank saves only its own slices
     append_info: list[Any] = field(default_factory=lambda: ["epoch_num", "step_num"])
     group_info_file: Optional[str] = None    # also $GROUP_INFO_FILE; "{rank}" is replaced by the rank
+    on_save_error: str = "stop"              # stop (exit 1) | continue (warn, retry at the next save)
 
 
 @dataclass
@@ -267,6 +268,8 @@ def validate(cfg: Config) -> None:
     steps = f.step if isinstance(f.step, list) else [f.step]
     if f.step is not None and not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
         raise ConfigError(f"config: fault.step must be a step (>= 1) or a list of steps, got {f.step!r}")
+    if cfg.checkpoint.on_save_error not in ("stop", "continue"):
+        raise ConfigError(f"config: checkpoint.on_save_error must be stop or continue, got {cfg.checkpoint.on_save_error!r}")
     from .faults import POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")

@@ -217,6 +217,8 @@ def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
                 print(f"  verify {e['name']}: {len(v['problems'])} problem(s)")
                 for p in v["problems"]:
                     print(f"    {p}")
+            for note in v["notes"]:
+                print(f"    not checked: {note}")
         bad = [e for e in committed if not e["verify"]["clean"]]
         extra = [p for p in d["problems"] if not any(p.startswith(e["name"] + ": ") for e in entries)]
         for p in extra:

@@ -32,7 +32,13 @@ def parse_args(argv=None):
     parser.add_argument("--repair", action="store_true",
                         help="with --resume: also write shards taken from replicas back into the checkpoint "
                              "directory (a damaged file is kept as <name>.h5.damaged)")
-    return parser.parse_args(argv)
+    parser.add_argument("--resume-from", metavar="DIR",
+                        help="resume from the checkpoints in DIR (--resume auto unless --resume names one), which "
+                             "is only read, never written: e.g. a read-only snapshot; saves go to checkpoint.directory")
+    args = parser.parse_args(argv)
+    if args.resume_from and not args.resume:
+        args.resume = "auto"
+    return args
 
 
 def describe(run) -> str:
@@ -49,6 +55,7 @@ def main(argv=None) -> int:
     from mpi4py import MPI  # after argument parsing so --help works without MPI
 
     from .checkpoint.recovery import resume
+    from .checkpoint.saver import SaveError, check_writable
     from .engine import build_run
     from .ft import ulfm
     from .ft.inprocess import CannotRepair, join
@@ -59,6 +66,9 @@ def main(argv=None) -> int:
     try:
         if args.repair and not args.resume:
             raise ConfigError("--repair needs --resume")
+        if args.repair and args.resume_from:
+            raise ConfigError(f"--repair writes into the checkpoint directory, and --resume-from {args.resume_from} "
+                              "is only read: resume without --repair (shards are still taken from replicas)")
         cfg = load_config(args.config, args.overrides)
         check_places(cfg, comm)
         guard.set_run_dir(cfg.output.dir)
@@ -69,7 +79,17 @@ def main(argv=None) -> int:
             if cfg.tft.ttp and why:
                 print(f"dsim: warning: the last-gasp checkpoint (TTP) is unavailable: {why}; "
                       "periodic checkpoints and --resume still work", file=sys.stderr, flush=True)
-        initial_epoch = resume(run, args.resume, args.repair) if args.resume else 0
+        if cfg.checkpoint.enabled:  # a directory it cannot save into is one line before the first step
+            error = None
+            if comm.rank == 0:
+                try:
+                    check_writable(run.checkpoint_dir)
+                except CheckpointError as e:
+                    error = str(e)
+            error = comm.bcast(error, root=0)
+            if error:
+                raise CheckpointError(error)
+        initial_epoch = resume(run, args.resume, args.repair, args.resume_from) if args.resume else 0
     except USER_ERRORS as e:
         if comm.rank == 0:
             print(f"dsim: error: {e}", file=sys.stderr)
@@ -77,6 +97,10 @@ def main(argv=None) -> int:
     try:
         run.train(initial_epoch=initial_epoch)
     except (InjectedFault, CheckpointError) as e:
+        if isinstance(e, SaveError):  # gathered from every rank: rank 0 says it once
+            if comm.rank == 0:
+                print(f"dsim: error: {e}", file=sys.stderr, flush=True)
+            return 1
         if comm.rank == 0 or cfg.fault.rank is not None:  # an all-rank fault is reported once
             print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
         if isinstance(e, InjectedFault) and cfg.fault.rank is not None:

@@ -48,7 +48,7 @@ dsim_mpirun() {
         if [ "$idle" -gt 15 ]; then
             echo "dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it" >&2
             kill -KILL "$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null || true  # under set -e a killed mpirun (137) would end the script first
             exit 1
         fi
     done

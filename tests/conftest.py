@@ -1,6 +1,7 @@
 """Shared test helpers: small configs, and running mpirun as a user would (always with a timeout)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -100,6 +101,39 @@ def run_command(cmd, cwd, timeout, check, env=None, launcher=False):
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
+
+
+@contextlib.contextmanager
+def mounted(*commands):
+    """Run mount commands (the last one's target is unmounted, then each earlier target, on exit); skip the test
+    with the reason when mounting is not permitted (not root, or a container without CAP_SYS_ADMIN)."""
+    done = []
+    try:
+        for cmd in commands:
+            if os.geteuid() != 0:
+                pytest.skip("needs root to mount (tmpfs / read-only bind mount)")
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                pytest.skip(f"mount not permitted here: {' '.join(cmd)}: {proc.stderr.strip()}")
+            if cmd[-1] not in done:
+                done.append(cmd[-1])
+        yield
+    finally:
+        for target in reversed(done):
+            subprocess.run(["umount", "-l", target], capture_output=True)
+
+
+def tmpfs(target, size: str):
+    """A tmpfs of `size` (e.g. "2m") mounted on target (created) for the duration of a with block."""
+    Path(target).mkdir(parents=True, exist_ok=True)
+    return mounted(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)])
+
+
+def readonly_view(source, target):
+    """A read-only bind mount of source on target (created) for the duration of a with block."""
+    Path(target).mkdir(parents=True, exist_ok=True)
+    return mounted(["mount", "--bind", str(source), str(target)],
+                   ["mount", "-o", "remount,ro,bind", str(target)])
 
 
 @pytest.fixture

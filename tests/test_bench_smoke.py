@@ -44,7 +44,8 @@ def test_plan_records_equal_what_the_saver_writes(tmp_path):
     assert json.loads((ckpt / "network-graph.meta").read_text()) == graph_meta("network", layout, specs, ("moments",))
     written = json.loads((ckpt / "network-1_2.commit").read_text())
     assert written == commit_record("network-1_2", "network", layout, 1, 2, 2, 1,
-                                    {int(r): s for r, s in written["sizes"].items()}, time=written["time"])
+                                    {int(r): s for r, s in written["sizes"].items()}, time=written["time"],
+                                    digests=written["digests"])
     assert len(written["files"]) == 8 and set(written["sizes"]) == {str(r) for r in range(8)}
 
 

@@ -120,7 +120,7 @@ def test_transformer_layernorm_damaged_on_a_rank_and_its_replica(transformer_ref
     proc = mpirun(8, [*TRANSFORMER, "--resume", "auto", "--repair"], cwd=job, check=0)
     for rank in (0, 4):
         assert re.search(rf"dsim: recovery: rank {rank}: checksum mismatch in run/checkpoints/rank_{rank}/test-3_4.h5: "
-                         rf"{gamma}; no replica in its group info \[0, 4\] is whole, taking {gamma} from rank \d "
+                         rf"params/{gamma}; no replica in its group info \[0, 4\] is whole, taking {gamma} from rank \d "
                          r"\(other holders of the same slices\)", proc.stdout), proc.stdout
     assert LOSS.findall(proc.stdout) == ref_losses[14:]
     same_state(ref_ckpt, "test-4_5", ckpt, "test_1-4_5")

@@ -79,7 +79,7 @@ def test_file_round_trip_and_self_description(tmp_path):
     with h5py.File(path) as f:  # anyone with h5py sees shape, slice and layout
         ds = f["params/layer1.param"]
         assert list(ds.attrs["global_shape"]) == [6, 4] and list(ds.attrs["offsets"]) == [3, 0]
-        assert json.loads(f.attrs["layout"]) == {"data_parallel": 2} and f.attrs["format_version"] == 1
+        assert json.loads(f.attrs["layout"]) == {"data_parallel": 2} and f.attrs["format_version"] == 2
     shard = read_file(path)
     assert np.array_equal(shard.tensors["layer1.param"].data, _tensors()[0].data)
     assert shard.append_info == {"epoch_num": 1, "lr": 0.01}

@@ -17,7 +17,7 @@ from typing import Optional
 import h5py
 
 from . import commit as cm
-from .format import FORMAT, JSON_ATTRS, _plain
+from .format import FORMAT, JSON_ATTRS, META_ATTR, _plain, check_meta, content_digest
 from .group_info import replica_sets
 from .errors import CheckpointError
 from ..parallel.layout import LayoutError, ParallelLayout, Slice
@@ -171,6 +171,9 @@ class ShardIndex:
 
     meta: dict
     tensors: dict   # "params/<name>" | "optimizer/<name>" -> (global_shape, Slice, crc32, dtype, shape)
+    meta_problems: list = field(default_factory=list)  # items whose metadata checksum no longer matches
+    meta_checked: bool = True                           # False: a format 1 file (no metadata checksums)
+    digest: Optional[str] = None                        # format.content_digest of the file as found
 
 
 def read_index(path) -> ShardIndex:
@@ -182,7 +185,14 @@ def read_index(path) -> ShardIndex:
         with h5py.File(path, "r") as f:
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
-            meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items()}
+            table, differ, checked = check_meta(f)
+            meta = {}
+            for k, v in f.attrs.items():
+                if k != META_ATTR:
+                    try:
+                        meta[k] = json.loads(v) if k in JSON_ATTRS else _plain(v)
+                    except (TypeError, ValueError):
+                        meta[k] = _plain(v)  # damaged JSON: the checksum table names it
             tensors = {}
             for kind in ("params", "optimizer"):
                 for name, ds in f.get(kind, {}).items():
@@ -191,13 +201,14 @@ def read_index(path) -> ShardIndex:
                                                  Slice(tuple(int(x) for x in a["offsets"]),
                                                        tuple(int(x) for x in a["extents"])),
                                                  int(a["crc32"]), ds.dtype, ds.shape)
-            return ShardIndex(meta, tensors)
+            return ShardIndex(meta, tensors, differ, checked, content_digest(table))
     except CheckpointError:
         raise
     except OSError:
         raise CheckpointError(f"cannot read {path}: not an HDF5 file, or truncated") from None
-    except (KeyError, ValueError, TypeError) as e:
-        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # whatever a damaged or foreign file makes h5py raise: one line
+        raise CheckpointError(f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                              .rstrip(": ")) from None
 
 
 def group_sets(indexes: dict, checkpoint: Checkpoint) -> list:

@@ -8,6 +8,10 @@
    keep_checkpoint_max, commit record first, never the newest.
 Leftovers of an interrupted save (temporaries, files without a commit record) are removed with a
 warning when the next run starts, and never loaded.
+
+A record names each rank's file (`files`) and, since checkpoint format 2, its content digest (`digests`,
+format.content_digest): a file swapped, edited or replaced after the commit is caught on load and by
+`dsim.inspect --verify`. Records without digests (older ones) still load.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import warnings
 from pathlib import Path
 
 from .errors import CheckpointError
-from .format import fsync_path
+from .format import check_meta, fsync_path
 from .paths import check_record, safe_rank_dir
 
 COMMIT_FORMAT = "dsim-commit/1"
@@ -51,20 +55,72 @@ def commit_path(directory, name: str) -> Path:
 def write_json_atomic(path: Path, record: dict) -> None:
     """Write JSON under a temporary name, fsync, rename into place, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(record, fh, indent=1)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(record, fh, indent=1)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)  # a full disk or a read-only directory leaves nothing behind
+        except OSError:
+            pass
+        raise
     fsync_path(path.parent)
 
 
 def write_commit(directory, record: dict) -> Path:
-    """Commit a checkpoint (step 3 above): it exists from this rename on."""
+    """Commit a checkpoint (step 3 above): it exists from this rename on.
+
+    Without `digests` in record (the last gasp's committer), they are read from the files' attributes
+    (no tensor data); a file that cannot be read gets none.
+    """
     path = commit_path(directory, record["name"])
+    if "digests" not in record and isinstance(record.get("files"), dict):
+        record = {**record, "digests": file_digests(directory, record["files"])}
     write_json_atomic(path, {"format": COMMIT_FORMAT, **record})
     return path
+
+
+def file_digests(directory, files: dict) -> dict:
+    """rank -> content digest of each file (format.content_digest), read from its attributes only."""
+    import h5py
+    from .format import content_digest
+    out = {}
+    for rank, name in files.items():
+        try:
+            with h5py.File(Path(directory) / name, "r") as f:
+                out[rank] = content_digest(check_meta(f)[0])
+        except Exception:
+            pass
+    return out
+
+
+def digest_key(record: dict, rank: int) -> str:
+    """The key of rank's file in a record's `files` and `digests` (an integrated checkpoint has one file)."""
+    return "0" if record.get("integrated_save") else str(rank)
+
+
+def state_mismatch(meta: dict, record: dict) -> str | None:
+    """What a file's scalar state (global step, epoch, data position, optimizer step) says against its commit
+    record, as one phrase; None when they agree. Items a file does not have (written by other tools) are
+    skipped, except the global step; in a format 2 file a removed item is caught by its checksums."""
+    def get(*keys):
+        value = meta
+        for k in keys:
+            value = value.get(k) if isinstance(value, dict) else None
+        return value
+    step = record.get("global_step")
+    checks = [("global step", get("global_step"), step), ("epoch", get("epoch"), record.get("epoch")),
+              ("step in epoch", get("step_in_epoch"), record.get("step_in_epoch")),
+              ("data position (data.global_step)", get("data", "global_step"), step),
+              ("optimizer step (optimizer.global_step)", get("optimizer", "global_step"), step)]
+    for i, (what, found, expected) in enumerate(checks):
+        if expected is not None and found != expected and (found is not None or i == 0):
+            return f"holds {what} {found}, its commit record says {expected}"
+    return None
 
 
 def committed(directory) -> list[dict]:
@@ -123,7 +179,7 @@ def clean_leftovers(directory, rank: int, committed_names: set) -> list[Path]:
         mine += list(d.glob("*.tmp")) + [p for p in d.glob("*.h5") if p.name[:-3] not in committed_names]
     for p in mine:
         warnings.warn(f"removing leftover of an interrupted save (never committed): {p}")
-        p.unlink()
+        p.unlink(missing_ok=True)
     return mine
 
 

@@ -8,14 +8,24 @@ Layout of a file:
     /append_info/<k>  user values (epoch_num, step_num, and the append_info dict)
 Each tensor carries attrs global_shape, offsets, extents, split (mp axis), opt_sharded and crc32.
 JSON-valued attrs (layout, optimizer, ...) are stored as strings.
+
+Format 2 adds `meta_crc32`: a JSON table of CRC-32s over everything but the tensor data, one per item (each
+root attribute, each leaf of a JSON attribute such as `optimizer.global_step`, each tensor's attributes with
+its dtype and shape, each append_info value), so a damaged file names what differed. The tensor data is
+covered by each tensor's own crc32 attribute, which the table covers in turn. `content_digest` (SHA-256 of
+the table) is what a commit record keeps per file: a file swapped, edited or replaced after the commit
+no longer matches it. Format 1 files (no table) still load; their metadata is unchecked.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import h5py
 import numpy as np
@@ -23,8 +33,9 @@ import numpy as np
 from ..parallel.layout import Slice
 from .errors import CheckpointError
 
-FORMAT, VERSION = "dsim-checkpoint", 1
+FORMAT, VERSION = "dsim-checkpoint", 2
 JSON_ATTRS = ("layout", "group_info", "optimizer", "schedule", "data", "config")
+META_ATTR = "meta_crc32"   # the metadata checksum table (format 2); not part of a Shard's meta
 
 
 def crc32(arr: np.ndarray) -> int:
@@ -53,6 +64,145 @@ class Shard:
     meta: dict
     tensors: dict = field(default_factory=dict)   # name -> Tensor
     append_info: dict = field(default_factory=dict)
+    digest: Optional[str] = None                  # content_digest of the file as read
+    meta_checked: bool = False                    # False: a format 1 file, its metadata has no checksums
+
+
+class Written(NamedTuple):
+    """What write_file wrote: the file's size and its content digest (for the commit record)."""
+
+    size: int
+    digest: str
+
+
+def _crc_item(key: str, value) -> int:
+    text = json.dumps(value, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+    return zlib.crc32(f"{key}={text}".encode())
+
+
+def _leaves(key: str, value):
+    """(dotted key, value) of every leaf of a JSON value: optimizer -> optimizer.global_step, ..."""
+    if isinstance(value, dict) and value:
+        for k in sorted(value):
+            yield from _leaves(f"{key}.{k}", value[k])
+    else:
+        yield key, value
+
+
+def meta_table(f) -> dict:
+    """item -> CRC-32 of everything in an open checkpoint file but the tensor data (see the module doc)."""
+    table = {}
+    for key in sorted(f.attrs):
+        if key == META_ATTR:
+            continue
+        raw = _plain(f.attrs[key])
+        if key in JSON_ATTRS:
+            try:
+                raw = json.loads(raw)
+            except (TypeError, ValueError):
+                pass  # damaged JSON: checked as the string it is
+            table.update((k, _crc_item(k, v)) for k, v in _leaves(key, raw))
+        else:
+            table[key] = _crc_item(key, raw)
+    for kind in ("params", "optimizer", "append_info"):
+        group = f.get(kind)
+        for name, ds in (group.items() if isinstance(group, h5py.Group) else ()):
+            item = {"dtype": str(ds.dtype), "shape": list(ds.shape), **{k: _plain(v) for k, v in ds.attrs.items()}}
+            if kind == "append_info":
+                item["value"] = _plain(ds[()])
+            table[f"{kind}/{name}"] = _crc_item(f"{kind}/{name}", item)
+    return table
+
+
+def content_digest(table: dict) -> str:
+    """SHA-256 of a file's metadata checksum table: one value standing for the whole file's content."""
+    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
+
+
+def check_meta(f) -> tuple:
+    """(table, what differed, checked) for an open checkpoint file.
+
+    What differed lists the items whose checksum no longer matches (empty when all match); checked is
+    False for a format 1 file, which carries no table.
+    """
+    table, stored = meta_table(f), f.attrs.get(META_ATTR)
+    if stored is None:
+        version = _plain(f.attrs.get("format_version", 1))
+        return table, (["meta_crc32 (the metadata checksums are missing)"] if version != 1 else []), version != 1
+    try:
+        stored = json.loads(_plain(stored))
+        if not isinstance(stored, dict):
+            raise ValueError
+    except (TypeError, ValueError):
+        return table, ["meta_crc32 (the metadata checksums are unreadable)"], True
+    return table, sorted(k for k in set(stored) | set(table) if stored.get(k) != table.get(k)), True
+
+
+class _Sink(io.RawIOBase):
+    """A file for h5py's file-object driver that never fails towards HDF5.
+
+    The first OSError (disk full, quota, I/O error) is kept and later writes are dropped, so HDF5 goes on
+    and closes normally; write_file then raises it. HDF5 itself meeting a failed write on a full disk
+    leaves broken objects whose clean-up prints tracebacks and can end the process with a segmentation fault.
+    """
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.pos = self.size = 0
+        self.error = None
+
+    def readable(self):
+        return True
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=0):
+        self.pos = offset if whence == 0 else (self.pos + offset if whence == 1 else self.size + offset)
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def write(self, b):
+        view = memoryview(b).cast("B")
+        if self.error is None:
+            try:
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(self.fd, view[done:], self.pos + done)
+            except OSError as e:
+                self.error = e
+        self.pos += len(view)
+        self.size = max(self.size, self.pos)
+        return len(view)
+
+    def readinto(self, b):
+        n = os.preadv(self.fd, [b], self.pos) if self.error is None else 0
+        self.pos += n
+        return n
+
+    def truncate(self, size=None):
+        size = self.pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as e:
+                self.error = e
+        self.size = size
+        return size
+
+    def flush(self):
+        pass
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        super().close()
 
 
 def fsync_path(path) -> None:
@@ -64,51 +214,78 @@ def fsync_path(path) -> None:
         os.close(fd)
 
 
-def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None) -> int:
-    """Write a checkpoint file via a temporary name, fsync it, rename it into place; returns its size."""
+def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None) -> Written:
+    """Write a checkpoint file via a temporary name, fsync it, rename it into place; returns (size, digest).
+
+    Any failure (disk full, quota, read-only, permission) removes the temporary and raises one OSError
+    naming the file; nothing is left behind.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tensors = list(tensors)
-    with h5py.File(tmp, "w") as f:
-        f.attrs["format"], f.attrs["format_version"] = FORMAT, VERSION
-        for key, value in meta.items():
-            f.attrs[key] = json.dumps(value) if key in JSON_ATTRS else value
-        for i, t in enumerate(tensors):
-            ds = f.create_dataset(f"{t.kind}/{t.name}", data=t.data)
-            ds.attrs.update(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
-                            split=t.split, opt_sharded=t.opt_sharded, crc32=crc32(t.data))
-            if on_half_written is not None and i == len(tensors) // 2:
-                f.flush()
-                on_half_written()
-        for key, value in append_info.items():
-            f.create_dataset(f"append_info/{key}", data=value)
-    fsync_path(tmp)
-    os.replace(tmp, path)
-    fsync_path(path.parent)
-    return path.stat().st_size
+    sink = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sink = _Sink(tmp)
+        with h5py.File(sink, "w") as f:
+            f.attrs["format"], f.attrs["format_version"] = FORMAT, VERSION
+            for key, value in meta.items():
+                if key != META_ATTR:
+                    f.attrs[key] = json.dumps(value) if key in JSON_ATTRS else value
+            for i, t in enumerate(tensors):
+                ds = f.create_dataset(f"{t.kind}/{t.name}", data=t.data)
+                ds.attrs.update(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
+                                split=t.split, opt_sharded=t.opt_sharded, crc32=crc32(t.data))
+                if on_half_written is not None and i == len(tensors) // 2:
+                    f.flush()
+                    on_half_written()
+            for key, value in append_info.items():
+                f.create_dataset(f"append_info/{key}", data=value)
+            table = meta_table(f)
+            f.attrs[META_ATTR] = json.dumps(table, sort_keys=True)
+        if sink.error is not None:
+            raise sink.error
+        os.fsync(sink.fd)
+        sink.close()
+        os.replace(tmp, path)
+        fsync_path(path.parent)
+        return Written(path.stat().st_size, content_digest(table))
+    except BaseException as e:
+        if sink is not None:
+            sink.close()
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise OSError(e.errno, e.strerror or str(e), str(tmp if sink is not None else path)) from None
+        raise
 
 
 def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
     """Read a checkpoint file; raises CheckpointError with one line if it is missing, foreign, truncated or corrupt.
 
-    With a list as `damaged`, a tensor whose checksum does not match is left out and its name appended
-    there instead of raising (recovery then takes just that tensor from another holder).
+    verify: every tensor's CRC-32 and the metadata checksums (format 2) must match; a mismatch names the item.
+    With a list as `damaged`, a tensor whose data does not match its checksum is left out and `<kind>/<name>`
+    appended there instead of raising (recovery then takes just that tensor from another holder).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
     try:
         f = h5py.File(path, "r")
-    except OSError:
+    except Exception:
         kind = "truncated or corrupt HDF5 file" if _has_hdf5_signature(path) else "not an HDF5 file"
         raise CheckpointError(f"cannot read checkpoint {path}: {kind}") from None
     try:
         with f:
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
-            meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items()}
-            shard = Shard(path, meta)
+            table, differ, checked = check_meta(f)
+            if verify and differ:
+                raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
+            meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
+            shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
             for kind in ("params", "optimizer"):
                 for name, ds in f.get(kind, {}).items():
                     data = ds[()]
@@ -116,7 +293,7 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
                     if verify and crc32(data) != int(a["crc32"]):
                         if damaged is None:
                             raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
-                        damaged.append(name)
+                        damaged.append(f"{kind}/{name}")
                         continue
                     shard.tensors[name] = Tensor(kind, name, tuple(int(x) for x in a["global_shape"]),
                                                  Slice(tuple(int(x) for x in a["offsets"]),
@@ -127,13 +304,16 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
             return shard
     except CheckpointError:
         raise
-    except (OSError, KeyError, ValueError) as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # whatever a damaged file makes h5py raise: one line
+        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def _has_hdf5_signature(path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(8) == b"\x89HDF\r\n\x1a\n"
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def _plain(value):

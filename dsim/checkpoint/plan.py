@@ -101,8 +101,9 @@ def graph_meta(prefix: str, layout: ParallelLayout, specs, slots=()) -> dict:
 
 def commit_record(name: str, prefix: str, layout: ParallelLayout, epoch: int, step_in_epoch: int,
                   global_step: int, sequence: int, sizes: dict, integrated_save: bool = False,
-                  time: float = 0.0) -> dict:
-    """The `<name>.commit` record as the saver writes it (sizes: rank -> file size of the ranks that wrote).
+                  time: float = 0.0, digests: dict = None) -> dict:
+    """The `<name>.commit` record as the saver writes it (sizes: rank -> file size of the ranks that wrote;
+    digests: rank -> content digest of its file, which the saver always gives).
 
     For a sharded save it names every rank's file: it grows with the world size.
     """
@@ -111,4 +112,5 @@ def commit_record(name: str, prefix: str, layout: ParallelLayout, epoch: int, st
     return {"format": COMMIT_FORMAT, "name": name, "prefix": prefix, "epoch": epoch, "step_in_epoch": step_in_epoch,
             "global_step": global_step, "sequence": sequence, "world_size": world, "layout": layout.to_dict(),
             "integrated_save": integrated_save, "files": files,
-            "sizes": {str(r): s for r, s in sizes.items() if s}, "time": time}
+            "sizes": {str(r): s for r, s in sizes.items() if s}, "time": time,
+            **({"digests": {str(r): d for r, d in digests.items()}} if digests is not None else {})}

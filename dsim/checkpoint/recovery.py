@@ -95,8 +95,13 @@ def plan_tensors(damage: dict, names, holders_of, sets) -> TensorPlan:
 
 
 def read_own(directory, record: dict, rank: int):
-    """(shard, None, []) when rank's file is whole and really rank's; (shard, why, damaged tensor names) when
-    only some tensors are damaged; (None, why, None) when the file cannot be used at all."""
+    """(shard, None, []) when rank's file of the committed checkpoint is whole and really rank's; (shard, why,
+    damaged tensor names) when only some tensors' data is damaged; (None, why, None) when the file cannot be used.
+
+    Whole: every checksum matches (tensors and metadata), its content digest is the one the commit record
+    names (when the record has digests), and its scalar state (global step, epoch, data position, optimizer
+    step) is the record's.
+    """
     path = file_for(directory, record, rank)
     damaged = []
     try:
@@ -104,12 +109,17 @@ def read_own(directory, record: dict, rank: int):
     except CheckpointError as e:
         return None, str(e), None
     meta = shard.meta
-    if meta.get("global_step") != record["global_step"]:
-        return None, f"{path} holds global step {meta.get('global_step')}, its commit record says {record['global_step']}", None
+    digest = record.get("digests", {}).get(cm.digest_key(record, rank))
+    if digest is not None and shard.digest != digest:
+        return None, (f"{path} is not the file committed (its content digest differs from the commit record's; "
+                      f"it holds rank {meta.get('rank')}'s shard of global step {meta.get('global_step')})"), None
+    mismatch = cm.state_mismatch(meta, record)
+    if mismatch:
+        return None, f"{path} {mismatch}", None
     if not record["integrated_save"] and meta.get("rank") != rank:
         return None, f"{path} holds rank {meta.get('rank')}'s shard", None
     if damaged:
-        return shard, f"checksum mismatch in {path}: {', '.join(damaged)}", damaged
+        return shard, f"checksum mismatch in {path}: {', '.join(damaged)}", [d.split("/", 1)[1] for d in damaged]
     return shard, None, []
 
 
@@ -163,9 +173,10 @@ def repair_file(directory, record: dict, rank: int, layout: ParallelLayout, shar
     return path, kept
 
 
-def recover(run, which: str = "auto", repair: bool = False, log=say):
+def recover(run, which: str = "auto", repair: bool = False, log=say, source=None):
     """Load the newest usable committed checkpoint into a built run; returns (record, param_dict).
 
+    source: a directory to resume from instead of the run's checkpoint directory; it is only read.
     Collective. Raises CheckpointError (the same on every rank) when no candidate is usable.
     """
     comm, layout = run.groups.world, run.groups.layout
@@ -174,7 +185,8 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
     records, error = None, None
     if rank == 0:
         try:
-            records = candidates(run.checkpoint_dir, which, run.ttp_dir)
+            records = (candidates(source, which, Path(source) / "ttp_checkpoints") if source else
+                       candidates(run.checkpoint_dir, which, run.ttp_dir))
         except CheckpointError as e:
             error = str(e)
     records, error = comm.bcast((records, error), root=0)
@@ -223,7 +235,7 @@ def recover(run, which: str = "auto", repair: bool = False, log=say):
             log(f"dsim: recovery: {len(plan.sources)} shard(s) of {record['name']} taken from replicas, "
                 f"loaded in {1000 * (time.perf_counter() - t0):.0f} ms")
         return record, param_dict
-    raise CheckpointError(f"no usable committed checkpoint in {run.checkpoint_dir} (tried {'; '.join(tried)})")
+    raise CheckpointError(f"no usable committed checkpoint in {source or run.checkpoint_dir} (tried {'; '.join(tried)})")
 
 
 def state_names(run) -> list:
@@ -270,9 +282,10 @@ def _repair_all(comm, directory, record, layout, plan, shard, log):
                     + (f" (the damaged file is kept as {kept.name})" if kept else ""))
 
 
-def resume(run, which: str = "auto", repair: bool = False) -> int:
-    """Restore every rank for `--resume`; returns initial_epoch (the data position may be mid-epoch)."""
-    record, _ = recover(run, which, repair)
+def resume(run, which: str = "auto", repair: bool = False, source=None) -> int:
+    """Restore every rank for `--resume` (from source, `--resume-from`, if given); returns initial_epoch
+    (the data position may be mid-epoch)."""
+    record, _ = recover(run, which, repair, source=source)
     step = run.loader.init_step
     if run.groups.world.rank == 0:
         epoch, in_epoch = run.loader.position(step)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import faults
-from ..engine.callbacks import Callback, say
+from ..engine.callbacks import Callback, event, say
 from ..engine.state import owned_pieces
 from ..parallel.groups import gather_full
 from ..parallel.layout import Slice
@@ -58,6 +60,66 @@ def resume_meta(model, global_step: int, rank: int) -> dict:
     }
 
 
+class SaveError(CheckpointError):
+    """A checkpoint that could not be written (disk full, read-only, permission...): one line, nothing committed."""
+
+
+ON_SAVE_ERROR = ("stop", "continue")
+
+
+def _size_text(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def free_space(directory) -> str:
+    """'1.2 MiB free of 2.0 MiB' on the file system of directory (or of its nearest existing parent)."""
+    p = Path(directory).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        usage = shutil.disk_usage(p)
+    except OSError:
+        return "free space unknown"
+    return f"{_size_text(usage.free)} free of {_size_text(usage.total)}"
+
+
+def error_text(e: BaseException) -> str:
+    """The errno text of a storage error ('No space left on device'), else the exception in one line."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+def _ranks_text(ranks) -> str:
+    """0-7, or 0, 3, 5."""
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def check_writable(directory) -> None:
+    """Raise SaveError (one line) unless a file can be created in directory (made if missing).
+
+    Called before training so a run that would save into a read-only, vanished or forbidden directory
+    says so before its first step.
+    """
+    directory = Path(directory)
+    probe = directory / f".dsim-write-probe-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(fd)
+        probe.unlink()
+    except OSError as e:
+        raise SaveError(f"cannot save checkpoints in {directory}: {error_text(e)} ({free_space(directory)}); "
+                        f"save elsewhere (checkpoint.directory), and to resume from its checkpoints, --resume-from "
+                        f"{directory}") from None
+
+
 def append_info(items, epoch: int, global_step: int) -> dict:
     """The append_info values of a checkpoint: epoch_num, step_num and the user's dict entries."""
     out = {}
@@ -80,13 +142,17 @@ class ModelCheckpoint(Callback):
     """
 
     def __init__(self, prefix: str = "CKP", directory=None, config: CheckpointConfig = None,
-                 group_info_file=None):
+                 group_info_file=None, on_save_error: str = "stop"):
+        if on_save_error not in ON_SAVE_ERROR:
+            raise CheckpointError(f"checkpoint: on_save_error must be stop or continue, got {on_save_error!r}")
+        self.on_save_error = on_save_error
         self.requested_prefix = prefix
         self.directory = Path(directory or ".")
         self.config = config or CheckpointConfig()
         self.group_info_file = group_info_file or os.environ.get("GROUP_INFO_FILE")
         self.prefix = None
         self.last_saved_step = None
+        self.last_failed_step = None   # a save refused by the storage (on_save_error: continue) is not retried at once
         self.saved = []
 
     # -- callback hooks ------------------------------------------------------------------------------
@@ -98,20 +164,27 @@ class ModelCheckpoint(Callback):
             self.directory.mkdir(parents=True, exist_ok=True)
             prefix = cm.unique_prefix(self.directory, self.requested_prefix)
         self.prefix = comm.bcast(prefix, root=0)
-        names = {r["name"] for r in cm.committed(self.directory)} if self.directory.is_dir() else set()
-        cm.clean_leftovers(self.directory, cb.rank, names)
-        write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", layout, cb.rank)
-        if self.group_info_file:
-            write_group_info(self.group_info_file, layout, cb.rank)
-        if cb.rank == 0:
-            cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta", {
-                "format": "dsim-graph-meta/1", "prefix": self.prefix, "layout": cb.layout,
-                "world_size": cb.world_size,
-                "parameters": [{"name": p.name, "shape": list(p.spec.shape), "split": p.spec.split,
-                                "opt_sharded": p.opt_sharded} for p in cb.network.trainable_params()],
-                "optimizer_state": sorted({s for s, _, _ in cb.optimizer.state_items()}),
-                "replica_sets": replica_sets(layout)})
-        comm.Barrier()
+        error = None
+        try:
+            names = {r["name"] for r in cm.committed(self.directory)} if self.directory.is_dir() else set()
+            cm.clean_leftovers(self.directory, cb.rank, names)
+            write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", layout, cb.rank)
+            if self.group_info_file:
+                write_group_info(self.group_info_file, layout, cb.rank)
+            if cb.rank == 0:
+                cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta", {
+                    "format": "dsim-graph-meta/1", "prefix": self.prefix, "layout": cb.layout,
+                    "world_size": cb.world_size,
+                    "parameters": [{"name": p.name, "shape": list(p.spec.shape), "split": p.spec.split,
+                                    "opt_sharded": p.opt_sharded} for p in cb.network.trainable_params()],
+                    "optimizer_state": sorted({s for s, _, _ in cb.optimizer.state_items()}),
+                    "replica_sets": replica_sets(layout)})
+        except OSError as e:  # every rank must learn of it, or the others wait in the barrier forever
+            error = error_text(e)
+        failed = {r: e for r, e in enumerate(comm.allgather(error)) if e}
+        if failed:
+            raise SaveError(f"cannot write to the checkpoint directory {self.directory}: "
+                            + self._summary(failed) + f" ({free_space(self.directory)})")
 
     def join_state(self) -> dict:
         """What a replacement process needs to save with this job (see dsim.ft.inprocess)."""
@@ -155,6 +228,8 @@ class ModelCheckpoint(Callback):
         """Write this step's checkpoint on every rank and commit it; returns its name."""
         if self.last_saved_step == cb.cur_step_num:
             return self.saved[-1]
+        if self.last_failed_step == cb.cur_step_num:
+            return None
         t0 = time.perf_counter()
         groups = cb.model.groups
         comm, layout, rank = groups.world, groups.layout, cb.rank
@@ -163,7 +238,7 @@ class ModelCheckpoint(Callback):
                 "group_info": group_info(layout, rank)}
         append = self._append_info(cb)
         half = lambda: faults.at_point("save", cb.cur_step_num)  # noqa: E731
-        error, size = None, 0
+        error, written, storage = None, None, True
         try:
             tensors = list(state_tensors(cb.network, cb.optimizer))
             if self.config.integrated_save:
@@ -171,14 +246,16 @@ class ModelCheckpoint(Callback):
                 if rank == 0:
                     whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
                                     t.global_shape), full[t.name], t.split, False) for t in tensors]
-                    size = write_file(cm.integrated_path(self.directory, name), meta, whole, append, half)
+                    written = write_file(cm.integrated_path(self.directory, name), meta, whole, append, half)
             else:
-                size = write_file(cm.shard_path(self.directory, rank, name), meta, tensors, append, half)
+                written = write_file(cm.shard_path(self.directory, rank, name), meta, tensors, append, half)
         except Exception as e:  # every rank must learn of it, or the others wait forever
-            error = f"{type(e).__name__}: {e}"
-        results = comm.allgather((error, size))
-        failed = {r: e for r, (e, _) in enumerate(results) if e}
+            error, storage = error_text(e), isinstance(e, OSError)
+        results = comm.allgather((error, storage, written))
+        failed = {r: e for r, (e, _, _) in enumerate(results) if e}
         if failed:
+            if all(st for e, st, _ in results if e):  # the storage failed: the policy decides
+                return self._failed(cb, name, failed)
             raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {failed}")
         faults.at_point("commit", cb.cur_step_num)
         comm.Barrier()  # every rank is past the commit fault point: all files are in place
@@ -193,24 +270,62 @@ class ModelCheckpoint(Callback):
                     "step_in_epoch": cb.cur_step_in_epoch, "global_step": cb.cur_step_num,
                     "sequence": max([r["sequence"] for r in records], default=0) + 1,
                     "world_size": comm.size, "layout": cb.layout, "integrated_save": self.config.integrated_save,
-                    "files": files, "sizes": {str(r): s for r, (_, s) in enumerate(results) if s},
+                    "files": files, "sizes": {str(r): w.size for r, (_, _, w) in enumerate(results) if w},
+                    "digests": {str(r): w.digest for r, (_, _, w) in enumerate(results) if w},
                     "time": time.time()})
             except OSError as e:
-                error = f"{type(e).__name__}: {e}"
+                error = error_text(e)
         error = comm.bcast(error, root=0)
         if error:
-            raise CheckpointError(f"checkpoint {name} not committed: {error}")
+            return self._failed(cb, name, {0: error}, "its commit record")
         self.last_saved_step = cb.cur_step_num
         self.saved.append(name)
         self._retain(comm, rank)
         if rank == 0:
-            total = sum(s for _, s in results)
+            total = sum(w.size for _, _, w in results if w)
             say(f"checkpoint saved: {self.directory / name} ({total / 2**20:.1f} MiB in "
                 f"{1 if self.config.integrated_save else comm.size} file(s), {1000 * (time.perf_counter() - t0):.0f} ms)")
             if not self.config.integrated_save and len(group_info(layout, 0)) == 1:
                 warnings.warn(f"optimizer_shard={layout.optimizer_shard} = data_parallel: no rank has a replica, "
                               "a lost shard cannot be repaired from another rank")
         return name
+
+    @staticmethod
+    def _summary(failed: dict) -> str:
+        """'No space left on device on rank(s) 0-7', one part per distinct error."""
+        by_error = {}
+        for r, e in sorted(failed.items()):
+            by_error.setdefault(e, []).append(r)
+        return "; ".join(f"{e} on rank(s) {_ranks_text(rs)}" for e, rs in by_error.items())
+
+    def _failed(self, cb, name: str, failed: dict, what: str = "its files"):
+        """A save the storage refused: remove what this save wrote (nothing is committed), then one line from
+        rank 0 and the policy: stop (raise SaveError) or continue (warn, record an event, try at the next save)."""
+        comm, rank = cb.model.groups.world, cb.rank
+        own = cm.integrated_path(self.directory, name) if self.config.integrated_save else cm.shard_path(
+            self.directory, rank, name)
+        if rank == 0 or not self.config.integrated_save:
+            for p in (own, own.with_name(own.name + ".tmp")):
+                try:
+                    p.unlink(missing_ok=True)
+                except OSError:
+                    pass
+        comm.Barrier()  # every rank has removed its part before anyone goes on
+        records = cm.committed(self.directory) if rank == 0 else []
+        latest = records[-1]["name"] if records else None
+        message = (f"checkpoint {name} (global step {cb.cur_step_num}) not saved in {self.directory}: "
+                   f"{what} could not be written: {self._summary(failed)} ({free_space(self.directory)}); "
+                   + (f"the latest checkpoint is still {latest}" if latest else "no checkpoint is committed"))
+        if self.on_save_error == "stop":
+            raise SaveError(comm.bcast(message, root=0))
+        self.last_failed_step = cb.cur_step_num
+        if rank == 0:
+            print(f"dsim: warning: {message}; training goes on and the next save tries again "
+                  "(checkpoint.on_save_error: continue)", file=sys.stderr, flush=True)
+            event("checkpoint_save_failed", checkpoint=name, global_step=cb.cur_step_num,
+                  directory=str(self.directory), errors={str(r): e for r, e in failed.items()},
+                  free=free_space(self.directory))
+        return None
 
     def _append_info(self, cb) -> dict:
         return append_info(self.config.append_info, cb.cur_epoch_num, cb.cur_step_num)

@@ -7,6 +7,10 @@ For a checkpoint of a directory (catalog.Checkpoint):
    no gap, no overlap (coverage.py, from the offsets/extents attributes), and every rank holds every tensor;
 3. the ranks of each replica set (group info) hold the same slices with the same checksums, so any one
    of them can stand in for another, as recovery assumes.
+Step 1 also checks the metadata: every attribute and append_info value against the file's checksum table
+(format 2), the file's content digest against the commit record's, and the scalar state (global step,
+epoch, data position, optimizer step) against the record. What could not be checked (format 1 files, a
+record without digests) is a note, not a problem.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 
 import h5py
 
+from . import commit as cm
 from .catalog import Checkpoint, ShardIndex, group_sets, read_index
 from .coverage import coverage
 from .errors import CheckpointError
@@ -30,6 +35,7 @@ class Verification:
     tensors: int = 0
     checksums: int = 0
     replica_sets: list = field(default_factory=list)
+    notes: list = field(default_factory=list)   # what could not be checked (one line each)
 
     @property
     def clean(self) -> bool:
@@ -37,7 +43,8 @@ class Verification:
 
     def to_dict(self) -> dict:
         return {"checkpoint": self.checkpoint, "clean": self.clean, "problems": self.problems, "files": self.files,
-                "tensors": self.tensors, "checksums": self.checksums, "replica_sets": self.replica_sets}
+                "tensors": self.tensors, "checksums": self.checksums, "replica_sets": self.replica_sets,
+                "notes": self.notes}
 
 
 def bad_checksums(path) -> list[str]:
@@ -49,7 +56,7 @@ def bad_checksums(path) -> list[str]:
                 try:
                     if crc32(ds[()]) != int(ds.attrs["crc32"]):
                         bad.append(f"{kind}/{name}")
-                except (OSError, KeyError, ValueError):
+                except Exception:
                     bad.append(f"{kind}/{name} (unreadable)")
     return bad
 
@@ -70,6 +77,8 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
     v = Verification(checkpoint.name)
     record = checkpoint.record
     indexes = indexes_of(checkpoint)
+    digests = record.get("digests") if isinstance(record.get("digests"), dict) else None
+    unchecked = []
     good = {}
     for s in checkpoint.shards:
         ix = indexes[s.rank]
@@ -78,19 +87,33 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
             continue
         v.files += 1
         meta = ix.meta
-        if meta.get("global_step") != record.get("global_step"):
-            v.problems.append(f"rank {s.rank}: {s.relpath} holds global step {meta.get('global_step')}, "
-                              f"the commit record says {record.get('global_step')}")
+        if ix.meta_problems:
+            v.problems.append(f"rank {s.rank}: metadata checksum mismatch in {s.relpath}: {', '.join(ix.meta_problems)}")
+        elif not ix.meta_checked:
+            unchecked.append(s.rank)
+        expected = digests.get(cm.digest_key(record, s.rank)) if digests is not None else None
+        if expected is not None and ix.digest != expected and not ix.meta_problems:
+            v.problems.append(f"rank {s.rank}: {s.relpath} is not the file committed (its content digest differs "
+                              f"from the commit record's; it holds rank {meta.get('rank')}'s shard of global step "
+                              f"{meta.get('global_step')})")
+        mismatch = cm.state_mismatch(meta, record)
+        if mismatch:
+            v.problems.append(f"rank {s.rank}: {s.relpath} {mismatch}")
         if not record.get("integrated_save") and meta.get("rank") != s.rank:
             v.problems.append(f"rank {s.rank}: {s.relpath} holds rank {meta.get('rank')}'s shard")
         if checksums:
             try:
                 bad = bad_checksums(s.path)
-            except OSError:
+            except Exception:
                 bad = ["(file unreadable)"]
             v.checksums += len(ix.tensors)
             v.problems += [f"rank {s.rank}: checksum mismatch in {s.relpath}: {b}" for b in bad]
         good[s.rank] = ix
+    if unchecked:
+        v.notes.append(f"the metadata of the file(s) of rank(s) {_ranks(unchecked)} (format 1: no metadata "
+                       "checksums)")
+    if digests is None and good:
+        v.notes.append("the file digests (the commit record has none: written before checkpoint format 2)")
     if not good:
         return v
     # 2. coverage of every tensor by the distinct slices of all ranks
