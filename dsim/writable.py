@@ -43,7 +43,9 @@ def problem(key: str, path: Path):
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        return f"config: {key} {str(path)!r} is not a writable directory: {e.strerror or e}"
+        hint = ("; save elsewhere (checkpoint.directory), and to resume from its checkpoints, --resume-from "
+                f"{path}") if key == "checkpoint.directory" else ""
+        return f"config: {key} {str(path)!r} is not a writable directory: {e.strerror or e}{hint}"
     finally:
         for p in reversed(made):
             try:

@@ -258,7 +258,8 @@ def test_read_only_source_resumes_with_saves_elsewhere(reference, tmp_path):
 
         for args, line in [
             (["--resume", "auto", "--set", "checkpoint.directory=snapshot"],
-             "dsim: error: cannot save checkpoints in snapshot: Read-only file system ("),
+             "dsim: error: config: checkpoint.directory 'snapshot' is not a writable directory: Read-only file "
+             "system; save elsewhere (checkpoint.directory), and to resume from its checkpoints, --resume-from snapshot"),
             (["--resume-from", "snapshot", "--repair"],
              "dsim: error: --repair writes into the checkpoint directory, and --resume-from snapshot is only read"),
         ]:
