@@ -62,3 +62,20 @@ class Cell:
 
     def __repr__(self):
         return f"{type(self).__name__}(\n  " + "\n  ".join(map(repr, self.layers)) + "\n)"
+
+
+class Sequential(Cell):
+    """A Cell whose layers run one after another: forward in order, backward in reverse."""
+
+    def forward(self, x, mp_comm, halfway=None):
+        """Outputs of this rank's batch; `halfway`, if given, is called after half the layers (a fault point)."""
+        for i, layer in enumerate(self.layers):
+            if halfway is not None and i == len(self.layers) // 2:
+                halfway()
+            x = layer.forward(x, mp_comm)
+        return x
+
+    def backward(self, dout, mp_comm):
+        dy = dout
+        for i in range(len(self.layers) - 1, -1, -1):
+            dy = self.layers[i].backward(dy, mp_comm, need_dx=i > 0)

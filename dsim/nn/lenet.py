@@ -10,14 +10,14 @@ fc1 takes row-split (one all-reduce); fc2 and fc3 are replicated. mp must divide
 from __future__ import annotations
 
 from ..parallel.layout import LayoutError
-from .cell import Cell
+from .cell import Sequential
 from .conv import Conv2d, Flatten, MaxPool2d
 from .layers import Dense, ReLU
 
 NORMAL = ("normal", 0.02)
 
 
-class LeNet5(Cell):
+class LeNet5(Sequential):
     """LeNet5 as on the page (num_class 10, num_channel 1)."""
 
     image_size = 32
@@ -37,19 +37,6 @@ class LeNet5(Cell):
             raise LayoutError(f"lenet5: conv2's 16 output channels are not divisible by "
                               f"model_parallel={layout.model_parallel}")
         super().check(layout)
-
-    def forward(self, images, mp_comm, halfway=None):
-        x = images
-        for i, layer in enumerate(self.layers):
-            if halfway is not None and i == len(self.layers) // 2:
-                halfway()
-            x = layer.forward(x, mp_comm)
-        return x
-
-    def backward(self, dlogits, mp_comm):
-        dy = dlogits
-        for i in range(len(self.layers) - 1, -1, -1):
-            dy = self.layers[i].backward(dy, mp_comm, need_dx=i > 0)
 
     def describe(self) -> str:
         return "conv6-conv16-120-84-10"

@@ -9,7 +9,7 @@ input is a shard and replicated otherwise, so every pair costs one all-reduce ea
 """
 from __future__ import annotations
 
-from .cell import Cell
+from .cell import Sequential
 from .layers import Dense, ReLU
 
 ARCHITECTURES = {
@@ -19,7 +19,7 @@ ARCHITECTURES = {
 IN_FEATURES, NUM_CLASSES = 28 * 28, 10
 
 
-class Network(Cell):
+class Network(Sequential):
     """An MLP whose parameters are sliced over a model-parallel group."""
 
     def __init__(self, hidden, in_features=IN_FEATURES, num_classes=NUM_CLASSES):
@@ -35,18 +35,8 @@ class Network(Cell):
                 self.layers.append(ReLU())
 
     def forward(self, images, mp_comm, halfway=None):
-        """Logits of this rank's batch; `halfway`, if given, is called after half the layers (a fault point)."""
-        x = images.reshape(images.shape[0], -1)
-        for i, layer in enumerate(self.layers):
-            if halfway is not None and i == len(self.layers) // 2:
-                halfway()
-            x = layer.forward(x, mp_comm)
-        return x
-
-    def backward(self, dlogits, mp_comm):
-        dy = dlogits
-        for i in range(len(self.layers) - 1, -1, -1):
-            dy = self.layers[i].backward(dy, mp_comm, need_dx=i > 0)
+        """Logits of this rank's batch (images flattened first)."""
+        return super().forward(images.reshape(images.shape[0], -1), mp_comm, halfway)
 
     def describe(self) -> str:
         dense = [layer for layer in self.layers if isinstance(layer, Dense)]

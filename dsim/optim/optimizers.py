@@ -107,14 +107,19 @@ class Adam(Optimizer):
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         super().__init__(params, learning_rate, weight_decay)
 
-    def update(self, name, w, g, lr):
-        t = self.global_step + 1
-        dt = w.dtype.type
+    def moments(self, name, g, dt):
+        """Update and return the first and second moments of a parameter in place."""
         m, v = self.state["moment1"][name], self.state["moment2"][name]
         m *= dt(self.beta1)
         m += dt(1 - self.beta1) * g
         v *= dt(self.beta2)
         v += dt(1 - self.beta2) * g * g
+        return m, v
+
+    def update(self, name, w, g, lr):
+        t = self.global_step + 1
+        dt = w.dtype.type
+        m, v = self.moments(name, g, dt)
         lr_t = lr * (1 - self.beta2 ** t) ** 0.5 / (1 - self.beta1 ** t)
         w -= dt(lr_t) * m / (np.sqrt(v) + dt(self.eps))
 
@@ -127,7 +132,7 @@ def decays(name: str) -> bool:
     return "layernorm" not in name.lower() and "bias" not in name.lower()
 
 
-class AdamWeightDecay(Optimizer):
+class AdamWeightDecay(Adam):
     """MindSpore's nn.AdamWeightDecay: Adam without bias correction, decoupled weight decay.
 
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  u = m / (sqrt(v) + eps) + wd * p (decay group only);
@@ -136,20 +141,15 @@ class AdamWeightDecay(Optimizer):
     """
 
     name = "adamweightdecay"
-    slots = ("moment1", "moment2")
 
     def __init__(self, params, learning_rate, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0):
-        self.beta1, self.beta2, self.eps, self.decay = beta1, beta2, eps, weight_decay
-        super().__init__(params, learning_rate, 0.0)  # the decay is decoupled, not added to the gradient
+        self.decay = weight_decay
+        super().__init__(params, learning_rate, beta1, beta2, eps, 0.0)  # decoupled: not added to the gradient
         self.decay_group = {p.name for p in self.params if decays(p.name)}
 
     def update(self, name, w, g, lr):
         dt = w.dtype.type
-        m, v = self.state["moment1"][name], self.state["moment2"][name]
-        m *= dt(self.beta1)
-        m += dt(1 - self.beta1) * g
-        v *= dt(self.beta2)
-        v += dt(1 - self.beta2) * g * g
+        m, v = self.moments(name, g, dt)
         update = m / (np.sqrt(v) + dt(self.eps))
         if self.decay and name in self.decay_group:
             update += dt(self.decay) * w
