@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import faults
-from ..parallel.groups import Groups, allreduce_sum
+from ..parallel.buckets import GradientBuckets
+from ..parallel.groups import Groups
 from .callbacks import RunContext
 
 
@@ -16,7 +17,8 @@ class Model:
     One step, on every rank:
     1. forward on this rank's part of the global batch (mp all-reduces inside row-split layers);
     2. backward (mp all-reduces inside column-split layers);
-    3. one all-reduce over the dp group of all gradients plus the loss (a single bucket);
+    3. the all-reduce over the dp group of all gradients plus the loss, in place in the gradient buckets
+       (each gradient is a view into one flat buffer: dsim.parallel.buckets);
     4. optimizer update of the owned slices, then all-gather over the optimizer-shard group.
     """
 
@@ -26,6 +28,7 @@ class Model:
         self.groups = groups
         self.global_batch_size = global_batch_size
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
+        self._buckets = None
 
     def train_step(self, inputs, labels: np.ndarray) -> float:
         """One training step; returns the global-batch mean loss (identical on every rank).
@@ -39,18 +42,23 @@ class Model:
         loss, dlogits = net.loss(logits, labels, self.global_batch_size, groups.dp)
         # backward
         net.backward(dlogits, groups.mp)
-        # gradient (and loss) reduction over data parallel
-        params = net.trainable_params()
-        bucket = np.concatenate([p.grad.reshape(-1) for p in params] + [np.array([loss], dtype=logits.dtype)])
-        bucket = allreduce_sum(groups.dp, bucket, between=lambda: faults.at_point("allreduce", step))
-        offset = 0
-        for p in params:
-            p.grad = bucket[offset:offset + p.grad.size].reshape(p.grad.shape)
-            offset += p.grad.size
+        # gradient (and loss) reduction over data parallel, in place in the gradient buckets
+        buckets = self.buckets
+        buckets.loss[0] = loss
+        buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
         # update
         self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
         self.optimizer.sync(groups.shard)
-        return float(bucket[-1])
+        return float(buckets.loss[0])
+
+    @property
+    def buckets(self) -> GradientBuckets:
+        """The flat gradient buffer the network's gradients live in (made at the first step, and again
+        whenever the network's parameters were rebuilt)."""
+        params = self.network.trainable_params()
+        if self._buckets is None or not self._buckets.serves(params):
+            self._buckets = GradientBuckets(params, params[0].data.dtype)
+        return self._buckets
 
     def train(self, epoch: int, train_dataset, callbacks=(), initial_epoch: int = 0, joining=None):
         """Train through epoch `epoch` (1-based, inclusive), starting after `initial_epoch`.

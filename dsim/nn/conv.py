@@ -41,7 +41,10 @@ class Conv2d(Layer):
         weight = self.params[0].data
         out = weight.shape[0]
         dy_rows = dy.transpose(0, 2, 3, 1).reshape(-1, out)  # (n*ho*wo, out)
-        self.params[0].grad = (dy_rows.T @ self._cols).reshape(weight.shape)
+        p, into = self.params[0], self.params[0].grad_out()
+        dw = np.matmul(dy_rows.T, self._cols, out=None if into is None else into.reshape(out, -1))
+        if into is None:
+            p.grad = dw.reshape(weight.shape)
         if not need_dx:
             return None
         ho, wo = h - k + 1, w - k + 1

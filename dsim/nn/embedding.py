@@ -41,7 +41,11 @@ class Embedding(Layer):
 
     def backward(self, dy, mp_comm=None, need_dx=False):
         p = self.params[0]
-        grad = np.zeros_like(p.data)
+        grad = p.grad_out()
+        if grad is None:
+            grad = np.zeros_like(p.data)
+        else:
+            grad[...] = 0
         ids = self._ids if self._mask is None else self._ids[self._mask]
         rows = dy.reshape(self._ids.shape + (-1,))
         rows = rows.reshape(-1, rows.shape[-1]) if self._mask is None else rows[self._mask]

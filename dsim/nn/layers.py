@@ -90,10 +90,15 @@ class Dense(Layer):
     def backward(self, dy, mp_comm, need_dx=True):
         """Store parameter gradients; return the input gradient (None when not needed)."""
         x = self._x
-        dw = x.T @ dy  # (in, out) [local]
-        self.params[0].grad = dw if self.kind == "matmul" else dw.T
-        if self.has_bias:
-            self.params[1].grad = dy.sum(axis=0)
+        w, b = self.params[0], self.params[1] if self.has_bias else None
+        # Straight into the gradient bucket: (in, out) = x.T @ dy for a MatMulCell, (out, in) = dy.T @ x
+        # (as torch's Linear) for a Dense weight, whose transpose a copy would cost several times the product.
+        if self.kind == "matmul":
+            w.grad = np.matmul(x.T, dy, out=w.grad_out())
+        else:
+            w.grad = np.matmul(dy.T, x, out=w.grad_out())
+        if b is not None:
+            b.grad = np.sum(dy, axis=0, out=b.grad_out())
         if not need_dx:
             return None
         dx = dy @ self._weight().T

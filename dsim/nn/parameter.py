@@ -20,7 +20,32 @@ class Parameter:
         if data.shape != self.mp.extents:
             raise ValueError(f"{self.name}: data shape {data.shape} != mp slice {self.mp.extents}")
         self.data = data
-        self.grad = None
+        self._grad = None
+        self._bound = False   # True once .grad is a view into a gradient bucket (dsim.parallel.buckets)
+
+    @property
+    def grad(self):
+        """The gradient of this rank's mp slice (shaped as data), or None before the first backward."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        # Bound to a bucket, a new gradient is copied into the view; a layer that can writes there itself.
+        if self._bound:
+            if value is not self._grad:
+                np.copyto(self._grad, value)
+        else:
+            self._grad = value
+
+    def grad_out(self):
+        """Where a layer should write this gradient (`out=`): the bucket view, or None (allocate) when unbound."""
+        return self._grad if self._bound else None
+
+    def bind_grad(self, view: np.ndarray) -> None:
+        """Make `view` (a part of a flat gradient buffer) this parameter's gradient from now on."""
+        if view.shape != self.data.shape:
+            raise ValueError(f"{self.name}: gradient view {view.shape} != data {self.data.shape}")
+        self._grad, self._bound = view, True
 
     @property
     def owned_index(self) -> tuple:

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..parallel.groups import allgather_axis0
+from ..parallel.groups import allgather_axis0_inplace
 from .schedule import LRSchedule
 
 
+CHUNK = 1 << 16  # elements per block of an update: a block's temporaries stay in cache, none is parameter-sized
+
+
 class Optimizer:
-    """Base: owns per-parameter state slots (named like MindSpore's, e.g. `moment1.layer2.weight`)."""
+    """Base: owns per-parameter state slots (named like MindSpore's, e.g. `moment1.layer2.weight`).
+
+    An update is elementwise, so apply() runs it block by block (CHUNK elements) over flat views of the
+    weight, its gradient and its state: the temporaries of a block are two small reused buffers, the
+    results are the same bits as a whole-array update, and nothing parameter-sized is allocated.
+    """
 
     slots: tuple = ()
 
@@ -24,6 +32,7 @@ class Optimizer:
         self.global_step = 0
         self.state = {slot: {p.name: np.zeros(p.owned.extents, dtype=p.data.dtype) for p in self.params}
                       for slot in self.slots}
+        self._scratch = {}  # dtype -> two CHUNK-sized temporaries
 
     def current_lr(self) -> float:
         return self.learning_rate(self.global_step)
@@ -42,20 +51,30 @@ class Optimizer:
         for i, p in enumerate(self.params):
             if halfway is not None and i == len(self.params) // 2:
                 halfway()
-            w = p.owned_data
-            g = p.grad[p.owned_index]
-            if self.weight_decay:
-                g = g + w.dtype.type(self.weight_decay) * w
-            self.update(p.name, w, g, lr)
+            w = p.owned_data.reshape(-1)             # owned parts are whole rows: contiguous views
+            g = p.grad[p.owned_index].reshape(-1)
+            state = [self.state[slot][p.name].reshape(-1) for slot in self.slots]
+            tmp = self._scratch.get(w.dtype)
+            if tmp is None:
+                tmp = self._scratch[w.dtype] = (np.empty(CHUNK, w.dtype), np.empty(CHUNK, w.dtype))
+            for a in range(0, w.size, CHUNK):
+                b = min(w.size, a + CHUNK)
+                t1, t2 = tmp[0][:b - a], tmp[1][:b - a]
+                gb = g[a:b]
+                if self.weight_decay:  # g + wd * w, in the second temporary (updates use it last)
+                    gb = np.add(gb, np.multiply(w[a:b], w.dtype.type(self.weight_decay), out=t2), out=t2)
+                self.update(p.name, w[a:b], gb, lr, [s[a:b] for s in state], t1, t2)
         self.global_step += 1
 
     def sync(self, shard_comm) -> None:
-        """All-gather updated owned slices over the optimizer-shard group into the whole mp slices."""
+        """All-gather updated owned slices over the optimizer-shard group into the whole mp slices, in place."""
         for p in self.params:
             if p.opt_sharded:
-                p.data[...] = allgather_axis0(shard_comm, np.ascontiguousarray(p.owned_data))
+                allgather_axis0_inplace(shard_comm, p.data)
 
-    def update(self, name, w, g, lr) -> None:
+    def update(self, name, w, g, lr, state, t1, t2) -> None:
+        """Update w (a block of a weight) in place from g; state: the same block of each slot; t1, t2:
+        temporaries of that size (t2 may be g itself: read it before writing t2)."""
         raise NotImplementedError
 
     def state_items(self):
@@ -73,8 +92,8 @@ class SGD(Optimizer):
 
     name = "sgd"
 
-    def update(self, name, w, g, lr):
-        w -= w.dtype.type(lr) * g
+    def update(self, name, w, g, lr, state, t1, t2):
+        w -= np.multiply(g, w.dtype.type(lr), out=t1)
 
 
 class Momentum(Optimizer):
@@ -87,11 +106,11 @@ class Momentum(Optimizer):
         self.momentum = momentum
         super().__init__(params, learning_rate, weight_decay)
 
-    def update(self, name, w, g, lr):
-        v = self.state["moments"][name]
+    def update(self, name, w, g, lr, state, t1, t2):
+        (v,) = state
         v *= v.dtype.type(self.momentum)
         v += g
-        w -= w.dtype.type(lr) * v
+        w -= np.multiply(v, w.dtype.type(lr), out=t1)
 
     def hyperparams(self):
         return {**super().hyperparams(), "momentum": self.momentum}
@@ -107,21 +126,27 @@ class Adam(Optimizer):
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         super().__init__(params, learning_rate, weight_decay)
 
-    def moments(self, name, g, dt):
-        """Update and return the first and second moments of a parameter in place."""
-        m, v = self.state["moment1"][name], self.state["moment2"][name]
+    def moments(self, state, g, dt, t):
+        """Update and return the first and second moments in place (t: a temporary, not g)."""
+        m, v = state
         m *= dt(self.beta1)
-        m += dt(1 - self.beta1) * g
+        m += np.multiply(g, dt(1 - self.beta1), out=t)
         v *= dt(self.beta2)
-        v += dt(1 - self.beta2) * g * g
+        np.multiply(g, dt(1 - self.beta2), out=t)
+        t *= g
+        v += t
         return m, v
 
-    def update(self, name, w, g, lr):
-        t = self.global_step + 1
+    def update(self, name, w, g, lr, state, t1, t2):
+        step = self.global_step + 1
         dt = w.dtype.type
-        m, v = self.moments(name, g, dt)
-        lr_t = lr * (1 - self.beta2 ** t) ** 0.5 / (1 - self.beta1 ** t)
-        w -= dt(lr_t) * m / (np.sqrt(v) + dt(self.eps))
+        m, v = self.moments(state, g, dt, t1)
+        lr_t = lr * (1 - self.beta2 ** step) ** 0.5 / (1 - self.beta1 ** step)
+        np.multiply(m, dt(lr_t), out=t1)         # lr_t * m / (sqrt(v) + eps)
+        np.sqrt(v, out=t2)
+        t2 += dt(self.eps)
+        t1 /= t2
+        w -= t1
 
     def hyperparams(self):
         return {**super().hyperparams(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
@@ -147,13 +172,16 @@ class AdamWeightDecay(Adam):
         super().__init__(params, learning_rate, beta1, beta2, eps, 0.0)  # decoupled: not added to the gradient
         self.decay_group = {p.name for p in self.params if decays(p.name)}
 
-    def update(self, name, w, g, lr):
+    def update(self, name, w, g, lr, state, t1, t2):
         dt = w.dtype.type
-        m, v = self.moments(name, g, dt)
-        update = m / (np.sqrt(v) + dt(self.eps))
+        m, v = self.moments(state, g, dt, t1)
+        np.sqrt(v, out=t1)                       # u = m / (sqrt(v) + eps) [+ decay * w]
+        t1 += dt(self.eps)
+        np.divide(m, t1, out=t1)
         if self.decay and name in self.decay_group:
-            update += dt(self.decay) * w
-        w -= dt(lr) * update
+            t1 += np.multiply(w, dt(self.decay), out=t2)
+        t1 *= dt(lr)
+        w -= t1
 
     def hyperparams(self):
         return {"weight_decay": self.decay, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}

@@ -80,6 +80,15 @@ def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
     return out
 
 
+def allgather_axis0_inplace(comm, full: np.ndarray) -> None:
+    """Fill full (contiguous, axis 0 cut in comm.size equal blocks, this rank's block already in place)
+    with every rank's block: an in-place all-gather, nothing allocated."""
+    if comm.size == 1:
+        return
+    from mpi4py import MPI
+    comm.Allgather(MPI.IN_PLACE, full)
+
+
 def _mpi_type(a: np.ndarray):
     from mpi4py import MPI  # here, so that importing dsim (e.g. for python -m dsim.inspect) does not start MPI
     return MPI._typedict[a.dtype.char]
