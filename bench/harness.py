@@ -158,6 +158,8 @@ def fmt(value: float, unit: str) -> str:
         return f"{value:.2f}x"
     if unit == "s":
         return f"{value:.3f} s" if value >= 0.01 else f"{value * 1000:.2f} ms"
+    if unit == "%":
+        return f"{value:.1f} %"
     if unit == "ms":
         return f"{value:.1f} ms"
     if unit == "B":
