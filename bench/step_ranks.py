@@ -101,11 +101,18 @@ def reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def peak_rss() -> int:
+def _status(key: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def peak_rss() -> int:
+    return _status("VmHWM")
+
+
+BASELINE_RSS = _status("VmRSS")  # the interpreter with numpy, mpi4py, h5py and dsim imported, before any run
 
 
 def dsim_once(comm, cfg) -> dict:
@@ -136,6 +143,7 @@ def dsim_once(comm, cfg) -> dict:
     for c in (g.dp, g.mp, g.shard):
         c._comm.Free()
     return {"step_s": step_s, "collectives_s": coll_s, "matmul_s": mm_s, "peak_rss": rss, "state_bytes": state_bytes,
+            "baseline_rss": BASELINE_RSS,
             **bw}
 
 
