@@ -140,3 +140,19 @@ def test_a_bound_gradient_takes_copies_and_layers_write_in_place():
     for q, view in zip(net.trainable_params(), before):
         assert q.grad is view and np.shares_memory(q.grad, buckets.flat)
     assert np.count_nonzero(buckets.flat[:-1]) > buckets.flat.size // 2
+
+
+def test_the_first_step_applies_its_own_gradients(tmp_path):
+    """Step 1 of a fresh run and a step after a resume both use the gradients they compute (SGD: w - lr g)."""
+    run = one_process_run(tmp_path, **{"optimizer.name": "sgd"})
+    images, labels = batch(run)
+    net = run.network
+    before = {p.name: p.data.copy() for p in net.trainable_params()}
+    logits = net.forward(images, MPI.COMM_SELF)   # the gradients computed apart from the Model
+    _, dlogits = net.loss(logits, labels, len(labels), MPI.COMM_SELF)
+    net.backward(dlogits, MPI.COMM_SELF)
+    grads = {p.name: p.grad.copy() for p in net.trainable_params()}
+    run.model.train_step(images, labels)
+    lr = run.cfg.optimizer.learning_rate
+    for p in net.trainable_params():
+        assert np.array_equal(p.data, before[p.name] - lr * grads[p.name]), p.name

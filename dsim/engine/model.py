@@ -37,13 +37,13 @@ class Model:
         """
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
+        buckets = self.buckets  # before backward: the layers write the gradients into it
         # forward
         logits = net.forward(inputs, groups.mp, halfway=lambda: faults.at_point("forward", step))
         loss, dlogits = net.loss(logits, labels, self.global_batch_size, groups.dp)
         # backward
         net.backward(dlogits, groups.mp)
         # gradient (and loss) reduction over data parallel, in place in the gradient buckets
-        buckets = self.buckets
         buckets.loss[0] = loss
         buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
         # update
