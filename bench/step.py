@@ -76,6 +76,8 @@ def summarize(params: dict, raw: dict) -> dict:
             rows.append(row(f"{name}: MPI collectives / step",
                             [100 * _mean(r, "collectives_s") / _mean(r, "step_s") for r in reps], "%"))
             rows.append(row(f"{name}: the rest / step", rest, "%", "<= 10 %", sorted(rest)[len(rest) // 2] <= 10))
+            rows.append(row(f"{name}: of the rest, the optimizer update (in place, memory-bound) / step",
+                            [100 * _mean(r, "update_s") / _mean(r, "step_s") for r in reps], "%"))
         for kind, what in (("dp", "dp gradient reduction"), ("mp", "mp activation all-reduce")):
             if f"{kind}_dsim_s" in reps[0][0]["dsim"]:
                 bw = [_mean(r, f"{kind}_raw_s") / _mean(r, f"{kind}_dsim_s") for r in reps]
@@ -83,16 +85,17 @@ def summarize(params: dict, raw: dict) -> dict:
                 size = reps[0][0]["dsim"][f"{kind}_bytes"]
                 rows.append(row(f"{name}: {what} bandwidth / raw mpi4py Allreduce ({size / 2**20:.2f} MiB)", bw, "x",
                                 ">= 0.8x", sorted(bw)[len(bw) // 2] >= 0.8))
-        mem = [max(x["dsim"]["peak_rss"] / x["dsim"]["state_bytes"] for x in r) for r in reps]
+        measured = [r for r in reps if "peak_rss" in r[0]["dsim"]]   # the first repeat: a fresh process
+        mem = [max(x["dsim"]["peak_rss"] / x["dsim"]["state_bytes"] for x in r) for r in measured]
         f["peak_rss_over_state"] = mem
         state = reps[0][0]["dsim"]["state_bytes"]
-        rows.append(row(f"{name}: peak RSS in training / (parameters + gradients + optimizer state, "
-                        f"{state / 2**20:.0f} MiB per rank)", mem, "x", "<= 1.5x", sorted(mem)[len(mem) // 2] <= 1.5))
+        rows.append(row(f"{name}: peak RSS in training (slowest rank) / (parameters + gradients + optimizer "
+                        f"state, {state / 2**20:.0f} MiB per rank)", mem, "x", "<= 1.5x", max(mem) <= 1.5))
         extra = [max((x["dsim"]["peak_rss"] - x["dsim"]["baseline_rss"]) / x["dsim"]["state_bytes"] for x in r)
-                 for r in reps]
+                 for r in measured]
         f["peak_rss_over_state_less_interpreter"] = extra
         rows.append(row(f"{name}: the same, less the interpreter's own RSS before the run "
-                        f"({reps[0][0]['dsim']['baseline_rss'] / 2**20:.0f} MiB)", extra, "x"))
+                        f"({measured[0][0]['dsim']['baseline_rss'] / 2**20:.0f} MiB)", extra, "x"))
     return {"params": params, "figures": figures, "raw": raw, "rows": rows}
 
 

@@ -12,15 +12,17 @@ dsim's step is split, per rank, into
 - collectives: time inside MPI calls during the steps (the communicators are wrapped by a timer);
 - matrix products: every Dense layer's products of one step (forward x @ W, the weight gradient, the
   input gradient) on this rank's slice shapes, timed alone in the same process (a floor);
-- the rest: step - collectives - matrix products (elementwise work, Python, waiting).
+- the optimizer update (elementwise, in place; bound by memory bandwidth), timed in the step;
+- the rest: step - collectives - matrix products (the update, other elementwise work, Python, waiting).
 Bandwidth of the data-parallel gradient reduction is compared with a raw mpi4py Allreduce of the same
 bytes, and the model-parallel activation all-reduce with a raw Allreduce of the same bytes.
-Peak RSS is measured over training only (VmHWM, reset after the build) beside the bytes of this rank's
-parameters, gradients and optimizer state.
+Peak RSS is measured over training only (VmHWM, reset after the build), in the first repeat (a fresh
+process), beside the bytes of this rank's parameters, gradients and optimizer state.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import socket
 import time
@@ -33,6 +35,7 @@ from dsim.config import load_config
 from dsim.engine import build_run
 from dsim.engine.callbacks import Callback
 from dsim.nn.layers import Dense
+from dsim.nn.network import ARCHITECTURES
 from dsim.parallel.groups import allreduce_sum
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,19 +118,28 @@ def peak_rss() -> int:
 BASELINE_RSS = _status("VmRSS")  # the interpreter with numpy, mpi4py, h5py and dsim imported, before any run
 
 
-def dsim_once(comm, cfg) -> dict:
+def dsim_once(comm, cfg, memory: bool) -> dict:
+    """memory: report peak RSS (the first repeat only, before torch or an earlier run has used memory)."""
+    gc.collect()
     run = build_run(cfg, comm)
     state_bytes = sum(2 * p.data.nbytes for p in run.network.trainable_params())  # parameters and gradients
     state_bytes += sum(arr.nbytes for _, _, arr in run.optimizer.state_items())
-    clock, coll = StepClock(), {"s": 0.0}
+    clock, coll, upd = StepClock(), {"s": 0.0}, {"s": 0.0}
     g = run.groups
     g.dp, g.mp, g.shard = (TimedComm(c, coll) for c in (g.dp, g.mp, g.shard))
+    apply = run.optimizer.apply
+
+    def timed_apply(*args, **kwargs):
+        t = time.perf_counter()
+        apply(*args, **kwargs)
+        upd["s"] += time.perf_counter() - t
+    run.optimizer.apply = timed_apply
     counted = {}
 
-    class Mark(Callback):  # collective time of the measured steps only
+    class Mark(Callback):  # collective and update time of the measured steps only
         def step_end(self, run_context):
             if len(clock.ends) == WARMUP + 1:
-                counted["start"] = coll["s"]
+                counted.update(start=coll["s"], update_start=upd["s"])
     comm.Barrier()
     reset_peak_rss()
     run.model.train(cfg.train.epochs, run.loader, run.callbacks([clock, Mark()]))
@@ -137,13 +149,14 @@ def dsim_once(comm, cfg) -> dict:
     steps = len(ends) - 1 - WARMUP
     step_s = (ends[-1] - ends[WARMUP]) / steps
     coll_s = (coll["s"] - counted["start"]) / steps
+    update_s = (upd["s"] - counted["update_start"]) / steps
     layout = g.layout
     mm_s = matmul_floor(run.network, cfg.data.batch_size // layout.data_parallel)
     bw = bandwidth(run, g)
     for c in (g.dp, g.mp, g.shard):
         c._comm.Free()
-    return {"step_s": step_s, "collectives_s": coll_s, "matmul_s": mm_s, "peak_rss": rss, "state_bytes": state_bytes,
-            "baseline_rss": BASELINE_RSS,
+    return {"step_s": step_s, "collectives_s": coll_s, "matmul_s": mm_s, "update_s": update_s,
+            **({"peak_rss": rss, "baseline_rss": BASELINE_RSS} if memory else {}), "state_bytes": state_bytes,
             **bw}
 
 
@@ -176,7 +189,7 @@ def torch_once(comm, cfg, steps: int, port: int) -> dict:
     if dp > 1 and not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=dp)
     torch.manual_seed(cfg.seed)
-    widths = [28 * 28, *cfg.model.hidden, 10]
+    widths = [28 * 28, *(cfg.model.hidden or ARCHITECTURES[cfg.model.name]), 10]
     layers = []
     for i in range(len(widths) - 1):
         layers.append(torch.nn.Linear(widths[i], widths[i + 1], bias=i > 0))  # layer1 is a MatMulCell: no bias
@@ -228,7 +241,7 @@ def main(argv=None):
     port = free_port(comm) if args.torch else 0
     repeats = []
     for rep in range(args.repeats):
-        out = {"dsim": dsim_once(comm, cfg)}
+        out = {"dsim": dsim_once(comm, cfg, memory=rep == 0)}
         if args.torch:
             out["torch"] = torch_once(comm, cfg, steps, port)
         per_rank = comm.gather(out)
