@@ -74,10 +74,11 @@ def training_ranks(cfg, size: int) -> int:
         resolve_layout(cfg, ranks)
     except (LayoutError, ConfigError) as e:
         p = cfg.parallel
-        need = (f"mpirun -n {p.data_parallel * p.model_parallel + n}" if p.data_parallel
-                else f"mpirun -n <a multiple of model_parallel={p.model_parallel}, plus {n}>")
-        raise ConfigError(f"{e}: mpirun -n {size} with tft.spares={n} leaves {ranks} training rank(s) and {n} "
-                          f"spare(s); launch {need}") from None
+        mp = p.model_parallel
+        need = p.data_parallel * mp if p.data_parallel else max(1, -(-size // mp)) * mp
+        raise ConfigError(f"tft.spares={n}: mpirun -n {size} leaves {ranks} training rank(s) beside the spare(s), "
+                          f"and {str(e).removeprefix('layout: ')}; launch mpirun -n {need + n} "
+                          f"({need} training ranks + {n} spare(s))") from None
     return ranks
 
 
