@@ -106,15 +106,18 @@ def wait(pool: SparePool):
             if comm.Iprobe(source=MPI.ANY_SOURCE, tag=STOP):
                 return comm.recv(source=MPI.ANY_SOURCE, tag=STOP), None
         except MPI.Exception:
-            if not comm.Is_revoked():
-                comm.Ack_failed()  # a process died: the survivors decide what happens, and revoke the pool
+            if comm.Is_revoked():
+                got = refill(pool, None)
+                if got.rank is not None:
+                    watch.watched = []  # a training rank now: nothing to watch
+                    return None, got
+                pool = got.pool  # another spare took the place: wait again
+                watch.watched = pool.watched
                 continue
-            got = refill(pool, None)
-            if got.rank is not None:
-                return None, got
-            pool = got.pool  # another spare took the place, or none was needed: wait again
-            watch.watched = pool.watched
-            continue
+            try:
+                comm.Ack_failed()  # a process died: the survivors decide what happens, and revoke the pool
+            except MPI.Exception:
+                pass
         time.sleep(POLL)
 
 
