@@ -153,6 +153,12 @@ def summarize(params: dict, reps: list) -> dict:
             rows.append(row(f"time lost: restart from disk / {LABELS[w]}", ratios[w], "x",
                             target=f">= {want}" if want else None,
                             ok=statistics.median(ratios[w]) >= want if want else None))
+    repaired = [w for w in ways if all(r[w].get("repair_ms") for r in reps)]  # the ways that stay in the job
+    rows += [row(f"the repair alone (agreement to training going on: `repair took`), {LABELS[w]}",
+                 [r[w]["repair_ms"] for r in reps], "ms") for w in repaired]
+    rows += [row(f"time lost: restart from disk / the repair alone, {LABELS[w]} (diagnostic)",
+                 [r["restart"]["lost_s"] * 1000 / r[w]["repair_ms"] for r in reps], "x") for w in repaired
+             if "restart" in figure["lost_s"]]
     for w in ways[1:]:
         rows.append(row(f"time to regain the progress: restart from disk / {LABELS[w]}",
                         [r["restart"]["regained_s"] / r[w]["regained_s"] for r in reps], "x"))
