@@ -15,7 +15,8 @@ SPARE = ["--set", "tft.spares=1"]
 def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
     """The launch script starts 8 training ranks and the spare; rank 3 dies in step 13's update, the spare takes it."""
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
-    args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, *LAYOUTS["dp4xmp2k2"], *SPARE,
+    args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",
+            *LAYOUTS["dp4xmp2k2"], *SPARE,
             *fault("kill", 3, "update", 13)]
     proc = launch("run_parallel_save_ckpt.sh", args, cwd=tmp_path, timeout=150, check=0)
     assert "+ mpirun --with-ft ulfm --stdin none -n 9 python -m dsim.train" in proc.stderr
