@@ -53,7 +53,7 @@ def test_plan_records_equal_what_the_saver_writes(tmp_path):
 def test_bench_runs_at_toy_size(tmp_path):
     out = tmp_path / "results" / "toy.json"
     proc = run_command([sys.executable, "-m", "bench", "--size", "toy", "--no-dcp", "--out", str(out),
-                        "--workdir", str(tmp_path / "work")], ROOT, 300, 0)
+                        "--workdir", str(tmp_path / "work")], ROOT, 600, 0)
     assert "| figure | min | median | target |" in proc.stdout
     results = json.loads(out.read_text())
     assert list(results["suites"]) == ["save_load", "planning", "training", "recovery", "models"]
