@@ -81,9 +81,12 @@ def test_bench_runs_at_toy_size(tmp_path):
 
     rec = results["suites"]["recovery"]  # rank 3 killed in step 9, periodic checkpoints every 5 steps
     for rep in rec["repeats"]:
-        assert {w: rep[w]["steps_lost"] for w in rep} == {"restart": 3, "last_gasp": 0, "healing": 0}
-        assert {w: rep[w]["resumed_from"] for w in rep} == {"restart": 5, "last_gasp": 8, "healing": 8}
+        assert {w: rep[w]["steps_lost"] for w in rep} == {"restart": 3, "last_gasp": 0, "healing": 0, "spares": 0,
+                                                          "uce": 0}
+        assert {w: rep[w]["resumed_from"] for w in rep} == {"restart": 5, "last_gasp": 8, "healing": 8, "spares": 8,
+                                                            "uce": 8}
         assert all(0 < rep[w]["seconds"] < 120 for w in rep)
+        assert all(rep[w]["repair_ms"] > 0 for w in ("healing", "spares", "uce"))
 
     models = results["suites"]["models"]["figures"]  # each seed model on 2 ranks and in one process
     assert set(models) == {"lenet5", "transformer"}
