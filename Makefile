@@ -21,8 +21,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh Makefile
 	{ echo '# >>> dsim >>>'; cat launch/env.sh; echo '# <<< dsim <<<'; } >> $(VENV)/bin/activate
 	touch $@
 
+# NP training ranks, plus the warm spares the config asks for (tft.spares); evaluated when `train` runs
+PROCESSES = $(shell echo $$(( $(NP) + $$($(PY) -m dsim.ft.spare_count --config $(CONFIG)) )))
+
 train: venv
-	$(ENV) $(MPIRUN) -n $(NP) $(PY) -m dsim.train --config $(CONFIG)
+	$(ENV) $(MPIRUN) -n $(PROCESSES) $(PY) -m dsim.train --config $(CONFIG)
 
 test: test-serial test-mpi test-e2e
 

@@ -120,6 +120,7 @@ class TFTConfig:
     ttp: bool = False                        # last-gasp checkpoint from the survivors when a rank dies
     uce: bool = False                        # repair a rank's memory error in the job from a replica (implies ttp)
     arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
+    spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
 
 
@@ -242,6 +243,8 @@ def apply_tft_env(tft: TFTConfig, value) -> None:
             raise ConfigError(f"MS_ENABLE_TFT={value!r}: expected e.g. '{{TTP:1,UCE:1,ARF:1}}'")
         for k, v in pairs:
             setattr(tft, k.lower(), v == "1")
+    if isinstance(tft.spares, int) and tft.spares > 0:
+        tft.arf = True  # a spare is only ever used to replace a dead rank
     if tft.uce or tft.arf:
         tft.ttp = True
 
@@ -257,6 +260,8 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config: {key} must be >= 1, got {value}")
+    if cfg.tft.spares < 0:
+        raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
     f = cfg.fault
     if f.kind not in (None, "exception", "kill", "uce"):
         raise ConfigError(f"config: fault.kind must be exception, kill or uce, got {f.kind!r}")

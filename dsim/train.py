@@ -47,7 +47,8 @@ def describe(run) -> str:
     return (f"dsim: {run.groups.world.size} ranks, data_parallel={layout.data_parallel} "
             f"model_parallel={layout.model_parallel} optimizer_shard={layout.optimizer_shard}; "
             f"{cfg.model.name} {run.network.describe()} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
-            f"{cfg.train.epochs} epoch(s) x {run.loader.get_dataset_size()} steps of global batch {cfg.data.batch_size}")
+            f"{cfg.train.epochs} epoch(s) x {run.loader.get_dataset_size()} steps of global batch {cfg.data.batch_size}"
+            + (f"; {cfg.tft.spares} warm spare(s)" if cfg.tft.spares else ""))
 
 
 def main(argv=None) -> int:
@@ -55,14 +56,14 @@ def main(argv=None) -> int:
     from mpi4py import MPI  # after argument parsing so --help works without MPI
 
     from .checkpoint.recovery import resume
-    from .checkpoint.saver import SaveError, check_writable
+    from .checkpoint.saver import check_writable
     from .engine import build_run
-    from .ft import ulfm
-    from .ft.inprocess import CannotRepair, join
+    from .ft import spares, ulfm
+    from .ft.inprocess import join_spawned, take_place
     parent = MPI.Comm.Get_parent()
     if parent != MPI.COMM_NULL:  # a replacement spawned by the survivors of a dead rank (tft.arf)
-        return join(parent)
-    comm = MPI.COMM_WORLD
+        return train(*join_spawned(parent))
+    comm, pool = MPI.COMM_WORLD, None
     try:
         if args.repair and not args.resume:
             raise ConfigError("--repair needs --resume")
@@ -72,8 +73,13 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, args.overrides)
         check_places(cfg, comm)
         guard.set_run_dir(cfg.output.dir)
-        run = build_run(cfg, comm)
-        if comm.rank == 0:
+        world, pool = spares.split(comm, cfg)  # with tft.spares, the last processes of the job are spares
+        if world is None:
+            code, place = spares.wait(pool)  # until released at the end, or given a dead rank's place
+            return code if place is None else train(*take_place(place.world, place.pool, place.joining))
+        run = build_run(cfg, world)
+        run.spares = pool
+        if world.rank == 0:
             print(describe(run), flush=True)
             why = ulfm.unavailable_reason()
             if cfg.tft.ttp and why:
@@ -81,35 +87,60 @@ def main(argv=None) -> int:
                       "periodic checkpoints and --resume still work", file=sys.stderr, flush=True)
         if cfg.checkpoint.enabled:  # a directory it cannot save into is one line before the first step
             error = None
-            if comm.rank == 0:
+            if world.rank == 0:
                 try:
                     check_writable(run.checkpoint_dir)
                 except CheckpointError as e:
                     error = str(e)
-            error = comm.bcast(error, root=0)
+            error = world.bcast(error, root=0)
             if error:
                 raise CheckpointError(error)
         initial_epoch = resume(run, args.resume, args.repair, args.resume_from) if args.resume else 0
     except USER_ERRORS as e:
         if comm.rank == 0:
             print(f"dsim: error: {e}", file=sys.stderr)
+        if pool is not None:
+            pool.release(2)
         return 2
+    return train(run, initial_epoch * run.loader.get_dataset_size())
+
+
+def train(run, step: int, joining=None) -> int:
+    """Train from global `step` on; returns the exit status, and releases the job's idle spares with it.
+
+    joining: given to a process that takes a dead rank's place in the running job.
+    """
+    code = _train(run, step, joining)
+    if run.spares is not None:
+        run.spares.release(code)
+    return code
+
+
+def _train(run, step: int, joining) -> int:
+    from mpi4py import MPI
+
+    from .checkpoint.saver import SaveError
+    from .ft import ulfm
+    from .ft.inprocess import CannotRepair
+    cfg = run.cfg
     try:
-        run.train(initial_epoch=initial_epoch)
+        run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
     except (InjectedFault, CheckpointError) as e:
+        rank = run.groups.world.rank
         if isinstance(e, SaveError):  # gathered from every rank: rank 0 says it once
-            if comm.rank == 0:
+            if rank == 0:
                 print(f"dsim: error: {e}", file=sys.stderr, flush=True)
             return 1
-        if comm.rank == 0 or cfg.fault.rank is not None:  # an all-rank fault is reported once
-            print(f"dsim: error: rank {comm.rank}: {e}", file=sys.stderr, flush=True)
+        if rank == 0 or cfg.fault.rank is not None:  # an all-rank fault is reported once
+            print(f"dsim: error: rank {rank}: {e}", file=sys.stderr, flush=True)
         if isinstance(e, InjectedFault) and cfg.fault.rank is not None:
             leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
     except (MPI.Exception, UCEError, CannotRepair) as e:
         why = ulfm.unavailable_reason()
         if why:  # without fault tolerance this rank crashes, and MPI ends the job
-            print(f"dsim: error: rank {comm.rank}: {e} (no fault tolerance: {why})", file=sys.stderr, flush=True)
+            print(f"dsim: error: rank {run.groups.world.rank}: {e} (no fault tolerance: {why})", file=sys.stderr,
+                  flush=True)
             leave(1)
         if isinstance(e, CannotRepair) and e.lead:
             print(f"dsim: warning: no repair in the job: {e}; falling back to the last-gasp checkpoint",

@@ -1,7 +1,8 @@
 # Shared by the launch scripts: the project's environment, and `dsim_mpirun ARGS...`.
 #   CONFIG     first argument (default configs/default.yaml)
 #   CKPT_DIR   second argument (default: the config's checkpoint.directory, else output.dir/checkpoints)
-#   RANK_SIZE  number of ranks (default 8), as in MindSpore's launch scripts
+#   RANK_SIZE  number of training ranks (default 8), as in MindSpore's launch scripts; warm spares
+#              (tft.spares) are started on top of them
 # Arguments after those (e.g. --set KEY=VALUE, --repair) go to `python -m dsim.train`.
 # Jobs run with MPI fault tolerance (ULFM), so the survivors of a dead rank can act (tft.ttp: the last-gasp
 # checkpoint); MS_ENABLE_TFT='{TTP:1}' turns it on as in MindSpore.
@@ -35,9 +36,11 @@ dsim_ranks_alive() {
 }
 
 dsim_mpirun() {
-    echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n ${RANK_SIZE:-8} python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
+    # RANK_SIZE training ranks, plus the warm spares the config asks for (tft.spares), started with the job
+    local n=$(( ${RANK_SIZE:-8} + $(python -m dsim.ft.spare_count "${DSIM_ARGS[@]}" "$@") ))
+    echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n $n python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
     # shellcheck disable=SC2086
-    mpirun $DSIM_FT_MPIRUN_ARGS -n "${RANK_SIZE:-8}" python -m dsim.train "${DSIM_ARGS[@]}" "$@" &
+    mpirun $DSIM_FT_MPIRUN_ARGS -n "$n" python -m dsim.train "${DSIM_ARGS[@]}" "$@" &
     local pid=$! idle=0
     trap 'kill -TERM $pid 2>/dev/null' INT TERM
     # Open MPI's launcher now and then stays after every rank of a job with a dead rank has ended

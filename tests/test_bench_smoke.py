@@ -53,7 +53,7 @@ def test_plan_records_equal_what_the_saver_writes(tmp_path):
 def test_bench_runs_at_toy_size(tmp_path):
     out = tmp_path / "results" / "toy.json"
     proc = run_command([sys.executable, "-m", "bench", "--size", "toy", "--no-dcp", "--out", str(out),
-                        "--workdir", str(tmp_path / "work")], ROOT, 300, 0)
+                        "--workdir", str(tmp_path / "work")], ROOT, 600, 0)
     assert "| figure | min | median | target |" in proc.stdout
     results = json.loads(out.read_text())
     assert list(results["suites"]) == ["save_load", "planning", "training", "recovery", "models"]
@@ -81,9 +81,12 @@ def test_bench_runs_at_toy_size(tmp_path):
 
     rec = results["suites"]["recovery"]  # rank 3 killed in step 9, periodic checkpoints every 5 steps
     for rep in rec["repeats"]:
-        assert {w: rep[w]["steps_lost"] for w in rep} == {"restart": 3, "last_gasp": 0, "healing": 0}
-        assert {w: rep[w]["resumed_from"] for w in rep} == {"restart": 5, "last_gasp": 8, "healing": 8}
+        assert {w: rep[w]["steps_lost"] for w in rep} == {"restart": 3, "last_gasp": 0, "healing": 0, "spares": 0,
+                                                          "uce": 0}
+        assert {w: rep[w]["resumed_from"] for w in rep} == {"restart": 5, "last_gasp": 8, "healing": 8, "spares": 8,
+                                                            "uce": 8}
         assert all(0 < rep[w]["seconds"] < 120 for w in rep)
+        assert all(rep[w]["repair_ms"] > 0 for w in ("healing", "spares", "uce"))
 
     models = results["suites"]["models"]["figures"]  # each seed model on 2 ranks and in one process
     assert set(models) == {"lenet5", "transformer"}

@@ -40,6 +40,7 @@ class Run:
     optimizer: object
     model: Model
     loader: DataLoader
+    spares: object = None  # dsim.ft.spares.SparePool with tft.arf: the job's processes and its idle spares
 
     @property
     def checkpoint_dir(self) -> Path:

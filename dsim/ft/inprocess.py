@@ -11,14 +11,16 @@ On every rank, at the first MPI call that fails (or the UCE itself):
 2. agree, as the last gasp does, on the newest step every replica set holds consistently (the damaged rank
    offers nothing); no such step means no repair: the caller falls back to the last-gasp checkpoint, and
    that failing too, to the periodic one;
-3. with a dead rank, spawn its replacement, merge, and order the new world as the old one;
+3. with a dead rank, give its place to a warm spare (tft.spares, see spares), or spawn a replacement when no
+   spare is left, and order the new world as the old one; a newcomer builds its model without initial
+   values (step 4 fills every slice);
 4. every rank that lacks the agreed state ("clean": fresh buffers) receives its owned slices of parameters
    and optimizer state from a replica chosen by the plan, point to point; the others roll back to it;
 5. the interrupted step is redone and training goes on; the log names the ranks, the replica and the times.
 """
 from __future__ import annotations
 
-import sys
+import contextlib
 import time
 
 import numpy as np
@@ -29,7 +31,7 @@ from ..config import FaultConfig, config_from_dict
 from ..engine.callbacks import event, say
 from ..faults import UCEError
 from ..parallel.groups import Groups
-from . import ulfm
+from . import spares as warm, ulfm
 from .last_gasp import survey
 
 TAG = 0xAF
@@ -87,9 +89,11 @@ class InProcessRecovery:
             sets = "; ".join(f"ranks {g}" for g in p.lost)
             raise CannotRepair(f"{what}; it cannot be repaired: no healthy rank holds the slices of {sets}", lead)
         t0 = time.time()
-        world = comm
+        world, filled = comm, None
         try:
-            world = self._respawn(comm, failed, p, callbacks, t_fault) if failed else comm
+            if failed:
+                filled = self._refill(comm, failed, p, callbacks, t_fault)
+                world = filled.world
             groups = Groups(world, layout)
             exchange(groups, p.writers, run.optimizer, p.step)
             run.optimizer.sync(groups.shard)  # whole model-parallel slices again from the owned parts
@@ -102,22 +106,31 @@ class InProcessRecovery:
             donors = ", ".join(f"rank {r} from rank {w} (group info {group_info(layout, r)})"
                                for r, w in sorted(p.writers.items()) if w != r)
             size = f"; world size back to {world.size}" if failed else ""
+            if filled is not None and filled.by_spare:
+                size += (f" (rank(s) {', '.join(map(str, filled.by_spare))} taken by a warm spare, "
+                         f"{len(filled.pool.spares)} left{'; the others spawned' if filled.spawned else ''})")
             say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; "
                 f"training goes on after step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)")
             event("uce_repair" if damaged and not failed else "heal", failed=failed, damaged=damaged,
                   global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
-                  world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1))
+                  world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1),
+                  **({"by_spare": filled.by_spare, "spawned": filled.spawned, "spares_left": len(filled.pool.spares)}
+                     if filled is not None else {}))
         return p.step
 
-    def _respawn(self, comm, failed, p, callbacks, t_fault):
-        """Spawn one process per dead rank, merge, and order the new world as the old one (ARF)."""
-        inter = comm.Spawn(sys.executable, args=["-m", "dsim.train", *sys.argv[1:]], maxprocs=len(failed))
-        merged = inter.Merge(high=False)
-        joining = {"cfg": self.run.cfg.to_dict(), "ranks": failed, "step": p.step, "writers": p.writers,
+    def _refill(self, comm, failed, p, callbacks, t_fault):
+        """Fill the dead ranks' places from the warm spares, else by spawning, and order the new world (ARF)."""
+        run = self.run
+        joining = {"cfg": run.cfg.to_dict(), "ranks": failed, "step": p.step, "writers": p.writers,
                    "fault_time": t_fault,
                    "callbacks": {type(c).__name__: c.join_state() for c in callbacks if hasattr(c, "join_state")}}
-        merged.bcast(joining, root=0)
-        return merged.Split(0, key=self.run.groups.world.rank)
+        pool = run.spares
+        living = comm if pool.comm is run.groups.world else None  # that pool is revoked and shrunk already
+        if living is None:
+            pool.revoke()  # wakes the waiting spares
+        filled = warm.refill(pool, run.groups.world.rank, joining, living)
+        run.spares = filled.pool
+        return filled
 
 
 def describe(failed, damaged) -> str:
@@ -153,21 +166,45 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
     MPI.Request.Waitall(requests)
 
 
-def join(parent) -> int:
-    """main() of a replacement process spawned by the survivors: take a dead rank's place and train on."""
-    from ..engine import build_run
+def join_spawned(parent):
+    """A replacement spawned by the survivors of a dead rank (no spare was left): (run, step, joining)."""
     merged = parent.Merge(high=True)
     joining = merged.bcast(None, root=0)
-    ranks = joining["ranks"]
-    rank = ranks[merged.rank - (merged.size - len(ranks))]
+    rank = joining["assign"][merged.rank]
     world = merged.Split(0, key=rank)
+    return take_place(world, warm.SparePool(merged, joining["spares"]), joining)
+
+
+def take_place(world, pool, joining):
+    """A newcomer (a spare, or spawned) takes a dead rank's place in `world`: (run, step, joining).
+
+    Its model is built without initial values: every owned slice is received from a replica.
+    """
+    from ..engine import build_run
     cfg = config_from_dict(joining["cfg"])
-    cfg.fault = FaultConfig()  # the replacement is a new, healthy process
-    run = build_run(cfg, world)  # the same collectives as the survivors' Groups(world, layout)
+    cfg.fault = FaultConfig()  # the newcomer is a new, healthy process
+    with blank_initial_values():
+        run = build_run(cfg, world)  # the same collectives as the survivors' Groups(world, layout)
+    run.spares = pool
     step = joining["step"]
     exchange(run.groups, joining["writers"], run.optimizer, step)
     run.optimizer.sync(run.groups.shard)
     run.loader.set_init_step(step)
     run.model.recovery.pending = (joining["fault_time"], "heal")
-    run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
-    return 0
+    return run, step, joining
+
+
+@contextlib.contextmanager
+def blank_initial_values():
+    """Build a model whose parameters hold zeros instead of their initial values (no random draws of whole
+    tensors): for a process whose every slice is about to be received. Without the hook it builds as usual."""
+    from ..nn import cell
+    original = getattr(cell, "initial_value", None)
+    if original is None:
+        yield
+        return
+    cell.initial_value = lambda spec, seed, init: np.broadcast_to(np.zeros((), np.float32), spec.shape)
+    try:
+        yield
+    finally:
+        cell.initial_value = original

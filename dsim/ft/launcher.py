@@ -24,6 +24,11 @@ def children(pid: int) -> list[int]:
     return [c for c in found if _state(c) not in ("Z", "X", None)]
 
 
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    return _state(pid) not in ("Z", "X", None)
+
+
 def _state(pid: int):
     """The one-letter state of a process (R, S, Z, ...), None when it is gone."""
     try:

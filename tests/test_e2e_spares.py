@@ -1,0 +1,51 @@
+"""Warm spares end to end: `tft.spares: 1` starts one more process with the job; a kill -9 of a rank is healed by
+it (no spawn), the job finishes bit-identical to an uninterrupted run, and the spare leaves with the job on
+success and on errors. Every mpirun has a timeout."""
+import re
+
+import pytest
+
+from conftest import ROOT, launch, mpirun
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
+
+pytestmark = pytest.mark.e2e
+SPARE = ["--set", "tft.spares=1"]
+
+
+def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
+    """The launch script starts 8 training ranks and the spare; rank 3 dies in step 13's update, the spare takes it."""
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
+    args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",
+            *LAYOUTS["dp4xmp2k2"], *SPARE,
+            *fault("kill", 3, "update", 13)]
+    proc = launch("run_parallel_save_ckpt.sh", args, cwd=tmp_path, timeout=150, check=0)
+    assert "+ mpirun --with-ft ulfm --stdin none -n 9 python -m dsim.train" in proc.stderr
+    out = proc.stdout
+    assert out.splitlines()[0].endswith("; 1 warm spare(s)"), out
+    assert ("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7 (group info [3, 7]); world size "
+            "back to 8 (rank(s) 3 taken by a warm spare, 0 left); training goes on after step 13") in out, out
+    assert re.search(r"dsim: heal: step 14 finished \d+ ms after the fault", out), out
+    assert LOSS.findall(out) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    heal, = events(tmp_path, "heal")
+    assert (heal["failed"], heal["by_spare"], heal["spawned"], heal["spares_left"]) == ([3], [3], [], 0)
+
+
+def test_a_job_without_room_for_its_spares_is_one_line(tmp_path):
+    proc = mpirun(8, ["-m", "dsim.train", *OPTS, *SPARE], cwd=tmp_path, timeout=60, ft=True)
+    assert proc.returncode == 2
+    assert error_lines(proc) == [
+        "dsim: error: tft.spares=1: mpirun -n 8 leaves 7 training rank(s) beside the spare(s), and model_parallel=4 "
+        "does not divide the world size 7; launch mpirun -n 9 (8 training ranks + 1 spare(s))"], proc.stderr
+
+
+def test_the_spare_leaves_with_a_job_that_ends_in_an_error(tmp_path):
+    """No checkpoint to resume (an error after the spare began waiting), then a fault nobody can repair."""
+    proc = mpirun(9, ["-m", "dsim.train", *OPTS, *SPARE, "--resume", "auto"], cwd=tmp_path, timeout=60, ft=True)
+    assert proc.returncode == 2 and error_lines(proc) == ["dsim: error: no committed checkpoint in run/checkpoints"]
+    # dp2 x mp4 with optimizer shard 2: no rank holds rank 5's slices, so the spare cannot help; the job exits 1
+    proc = mpirun(9, ["-m", "dsim.train", *OPTS, *LAYOUTS["dp2xmp4k2"], *SPARE, *fault("kill", 5, "forward", 13)],
+                  cwd=tmp_path, timeout=120, ft=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "it cannot be repaired: no healthy rank holds the slices of ranks [5]" in proc.stderr
+    assert "stalled" not in proc.stderr and "spare: every training process" not in proc.stderr  # released, not orphaned
