@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from dsim.config import ConfigError, load_config
-from dsim.ft.inprocess import blank_initial_values
 from dsim.ft.spare_count import config_options, spares
 from dsim.ft.spares import assign, orphaned, training_ranks
 from dsim.nn import create_network
@@ -62,8 +61,7 @@ def test_the_launchers_count_spares_from_the_config_and_its_overrides(tmp_path):
 
 def test_a_newcomer_builds_zeros_of_the_same_shapes_and_later_builds_are_initialised():
     layout = ParallelLayout(2, 4, 1)
-    with blank_initial_values():
-        blank = create_network("network", [16, 32, 32, 16]).build(layout, 3, 1, np.float32)
+    blank = create_network("network", [16, 32, 32, 16]).build(layout, 3, 1, np.float32, initialize=False)
     real = create_network("network", [16, 32, 32, 16]).build(layout, 3, 1, np.float32)
     assert [p.data.shape for p in blank.params] == [p.data.shape for p in real.params]
     assert all(p.data.dtype == np.float32 and not p.data.any() and p.data.flags.writeable for p in blank.params)

@@ -78,8 +78,11 @@ class Run:
                                 joining)
 
 
-def build_run(cfg: Config, comm) -> Run:
-    """Build layout, groups, sharded network, optimizer and this rank's data for `comm`."""
+def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
+    """Build layout, groups, sharded network, optimizer and this rank's data for `comm`.
+
+    initialize=False builds the parameters as zeros (see Cell.build): for a newcomer that receives them.
+    """
     layout = resolve_layout(cfg, comm.size)
     dtype = np.dtype(cfg.dtype)
     m = cfg.model
@@ -87,7 +90,7 @@ def build_run(cfg: Config, comm) -> Run:
         network = create_network(m.name, m.hidden, vars(m.transformer), cfg.parallel.vocab_emb_dp)
     except LayoutError as e:
         raise ConfigError(f"config: {e}") from None
-    network.build(layout, comm.rank, cfg.seed, dtype)  # raises LayoutError before any collective
+    network.build(layout, comm.rank, cfg.seed, dtype, initialize)  # raises LayoutError before any collective
     groups = Groups(comm, layout)
     o = cfg.optimizer
     schedule = LRSchedule(o.learning_rate, **vars(o.schedule))

@@ -20,7 +20,6 @@ On every rank, at the first MPI call that fails (or the UCE itself):
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import numpy as np
@@ -183,8 +182,7 @@ def take_place(world, pool, joining):
     from ..engine import build_run
     cfg = config_from_dict(joining["cfg"])
     cfg.fault = FaultConfig()  # the newcomer is a new, healthy process
-    with blank_initial_values():
-        run = build_run(cfg, world)  # the same collectives as the survivors' Groups(world, layout)
+    run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
     run.spares = pool
     step = joining["step"]
     exchange(run.groups, joining["writers"], run.optimizer, step)
@@ -192,19 +190,3 @@ def take_place(world, pool, joining):
     run.loader.set_init_step(step)
     run.model.recovery.pending = (joining["fault_time"], "heal")
     return run, step, joining
-
-
-@contextlib.contextmanager
-def blank_initial_values():
-    """Build a model whose parameters hold zeros instead of their initial values (no random draws of whole
-    tensors): for a process whose every slice is about to be received. Without the hook it builds as usual."""
-    from ..nn import cell
-    original = getattr(cell, "initial_value", None)
-    if original is None:
-        yield
-        return
-    cell.initial_value = lambda spec, seed, init: np.broadcast_to(np.zeros((), np.float32), spec.shape)
-    try:
-        yield
-    finally:
-        cell.initial_value = original

@@ -35,16 +35,24 @@ class Cell:
         for spec in self.specs:
             check_spec(spec, layout)
 
-    def build(self, layout: ParallelLayout, rank: int, seed: int, dtype) -> "Cell":
-        """Create this rank's slices of every parameter (MindSpore's model.build before loading)."""
+    def build(self, layout: ParallelLayout, rank: int, seed: int, dtype, initialize: bool = True) -> "Cell":
+        """Create this rank's slices of every parameter (MindSpore's model.build before loading).
+
+        initialize=False leaves them zero (no random draw of whole tensors): for a process whose every
+        slice is about to be received or loaded, e.g. a warm spare taking a dead rank's place.
+        """
         self.check(layout)
         self.params = []
         for layer in self.param_layers():
             layer.params = []
             for spec in layer.specs:
-                full = initial_value(spec, seed, layer.inits[spec.name])
-                local = full[mp_slice(spec, layout, rank).index]
-                p = Parameter(spec, layout, rank, np.ascontiguousarray(local, dtype=dtype))
+                where = mp_slice(spec, layout, rank)
+                if initialize:
+                    local = initial_value(spec, seed, layer.inits[spec.name])[where.index]
+                    local = np.ascontiguousarray(local, dtype=dtype)
+                else:
+                    local = np.zeros(where.extents, dtype=dtype)
+                p = Parameter(spec, layout, rank, local)
                 layer.params.append(p)
                 self.params.append(p)
         return self
