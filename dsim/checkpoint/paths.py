@@ -57,6 +57,7 @@ def check_record(directory, record: dict) -> None:
     if rec.is_compact(record):
         rec.check_files(record)
         template = files["template"]
+        inside(directory, template, "files.template")
         for rank in rec.file_ranks(record):  # a symlinked file or rank directory shows only once resolved
             inside(directory, template.replace(rec.RANK, str(rank)), f"files[{rank}]")
         return
