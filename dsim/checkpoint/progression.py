@@ -106,14 +106,3 @@ def compress(ranks: Iterable[int], period: int = None) -> list:
         i = j + 1
     return out
 
-
-def text(ranges: Iterable[range]) -> str:
-    """'0-7', '{0,4}' or '0-65535 step 4' for a log line."""
-    parts = []
-    for p in ranges:
-        p = canonical(p)
-        if len(p) <= 4:
-            parts.append(",".join(map(str, p)))
-        else:
-            parts.append(f"{p.start}-{p[-1]}" + ("" if p.step == 1 else f" step {p.step}"))
-    return "{" + "; ".join(parts) + "}"
