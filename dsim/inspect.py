@@ -24,6 +24,7 @@ from pathlib import Path
 from .checkpoint.catalog import (CheckpointDir, ShardIndex, find_checkpoint_dirs, group_sets, is_checkpoint_dir, scan,
                                  tensor_holder_sets)
 from .checkpoint.errors import CheckpointError
+from .checkpoint.group_info import group_info_list
 from .checkpoint.merge import merge
 from .checkpoint.survivability import parse_layout, survivability
 from .checkpoint.verify import indexes_of, verify
@@ -128,7 +129,7 @@ def describe_dir(catalog: CheckpointDir, verify_it: bool) -> dict:
                  "layout": rec.get("layout"), "world_size": rec.get("world_size"),
                  "integrated_save": bool(rec.get("integrated_save")),
                  "shards": [{"rank": s.rank, "file": s.relpath, "size": s.size,
-                             "group_info": indexes[s.rank].meta.get("group_info")
+                             "group_info": _group_info(indexes[s.rank].meta.get("group_info"))
                              if isinstance(indexes[s.rank], ShardIndex) else None,
                              "error": None if isinstance(indexes[s.rank], ShardIndex) else indexes[s.rank]}
                             for s in c.shards],
@@ -141,6 +142,14 @@ def describe_dir(catalog: CheckpointDir, verify_it: bool) -> dict:
     problems = list(catalog.problems) + [f"{e['name']}: {p}" for e in entries for p in e.get("verify", {}).get("problems", [])]
     return {"path": str(catalog.path), "checkpoints": entries, "replica_sets": sets, "notes": catalog.notes,
             "clean": not problems if verify_it else None, "problems": problems if verify_it else list(catalog.problems)}
+
+
+def _group_info(stored):
+    """A file's group info as its list of ranks (stored as a progression, or as a list before); else as found."""
+    try:
+        return None if stored is None else group_info_list(stored)
+    except CheckpointError:
+        return stored
 
 
 def do_list(args) -> int:

@@ -29,7 +29,24 @@ def test_save_plan_does_not_grow_with_data_parallel():
     small = save_plan(ParallelLayout(2, 4, 1), SPECS, ("moments",))
     big = save_plan(ParallelLayout(16384, 4, 1), SPECS, ("moments",))
     assert len(small.slices) == len(big.slices) == 48  # 7 of 10 parameters split 4 ways, 3 replicated; x2 for moments
-    assert sum(len(s) for s in big.replica_sets) == 65536
+    assert sum(len(s) for s in big.replica_sets) == 65536 and len(big.replica_sets) == 4
+    small_record = commit_record("n-1_1", "n", small, 1, 1, 1, 1)
+    big_record = commit_record("n-1_1", "n", big, 1, 1, 1, 1)
+    assert len(big_record["slices"]) == len(small_record["slices"]) == 48
+    assert len(json.dumps(big_record)) < 1.05 * len(json.dumps(small_record))  # only longer numbers
+
+
+def test_record_holders_are_the_ranks_holding_each_slice():
+    """Every slice's holders (progressions) are exactly the ranks whose owned slice it is, for every layout."""
+    from dsim.checkpoint import progression
+    for layout in LAYOUTS:
+        plan = save_plan(layout, SPECS, ("moments",))
+        for entry in commit_record("n-1_1", "n", plan, 1, 1, 1, 1)["slices"]:
+            name = entry["tensor"].split("/", 1)[1].removeprefix("moments.")
+            spec = next(s for s in SPECS if s.name == name)
+            want = [r for r in range(layout.world_size)
+                    if list(owned_slice(spec, layout, r).offsets) == entry["offsets"]]
+            assert progression.members(progression.set_from_json(entry["holders"])) == want, (layout, entry)
 
 
 
@@ -43,10 +60,15 @@ def test_plan_records_equal_what_the_saver_writes(tmp_path):
     specs = create_network("network", [64, 128, 128, 64]).specs
     assert json.loads((ckpt / "network-graph.meta").read_text()) == graph_meta("network", layout, specs, ("moments",))
     written = json.loads((ckpt / "network-1_2.commit").read_text())
-    assert written == commit_record("network-1_2", "network", layout, 1, 2, 2, 1,
-                                    {int(r): s for r, s in written["sizes"].items()}, time=written["time"],
-                                    digests=written["digests"])
-    assert len(written["files"]) == 8 and set(written["sizes"]) == {str(r) for r in range(8)}
+    plan = save_plan(layout, specs, ("moments",))
+    assert written == {**commit_record("network-1_2", "network", plan, 1, 2, 2, 1, time=written["time"],
+                                       nbytes=written["bytes"]), "digests": written["digests"]}
+    assert written["files"] == {"template": "rank_{rank}/network-1_2.h5", "ranks": [{"start": 0, "stop": 8, "step": 1}]}
+    assert written["digests"]["file"] == "network-1_2.digests"
+    digests = json.loads((ckpt / "network-1_2.digests").read_text())
+    assert len(digests["digests"]) == len(digests["sizes"]) == 8 and None not in digests["digests"]
+    assert sum(digests["sizes"]) == written["bytes"] == sum((ckpt / f"rank_{r}/network-1_2.h5").stat().st_size
+                                                            for r in range(8))
 
 
 @pytest.mark.e2e
@@ -70,7 +92,8 @@ def test_bench_runs_at_toy_size(tmp_path):
     assert "skipped (--no-dcp)" in results["table"]
 
     plan = results["suites"]["planning"]["figures"]
-    assert [plan[f"mp4/{w}"]["sizes"]["commit_record_file_entries"] for w in (8, 64, 512)] == [8, 64, 512]
+    assert [plan[f"mp4/{w}"]["sizes"]["commit_record_file_entries"] for w in (8, 64, 512)] == [1, 1, 1]
+    assert {plan[f"mp4/{w}"]["sizes"]["commit_record_slices"] for w in (8, 64, 512)} == {48}
     assert {plan[f"mp4/{w}"]["sizes"]["distinct_slices"] for w in (8, 64, 512)} == {48}
 
     train = results["suites"]["training"]

@@ -40,7 +40,8 @@ def test_seed_scenario_fault_at_epoch_6_then_resume_is_bit_identical(tmp_path):
     assert crash.returncode != 0 and "Some errors happen." in crash.stderr
     ckpt = dir_ / "run" / "checkpoints"
     files, shards = listing(ckpt)
-    assert files == sorted(["network-graph.meta"] + [f"network-{e}_10.commit" for e in (2, 3, 4, 5, 6)])
+    assert files == sorted(["network-graph.meta"] + [f"network-{e}_10.{x}" for e in (2, 3, 4, 5, 6)
+                                                     for x in ("commit", "digests")])
     assert shards == ["group_info.json"] + [f"network-{e}_10.h5" for e in (2, 3, 4, 5, 6)]
     p = load_checkpoint(ckpt / "rank_3" / "network-6_10.h5")  # the seed reads these back
     assert int(p["epoch_num"]) == 6 and int(p["step_num"]) == 60
@@ -49,7 +50,7 @@ def test_seed_scenario_fault_at_epoch_6_then_resume_is_bit_identical(tmp_path):
     assert "resumed from run/checkpoints/rank_0/network-6_10.h5 (global step 60: epoch 7 step 0)" in resumed.stdout
     files, shards = listing(ckpt)
     assert [f for f in files if f.startswith("network_1-")] == sorted(
-        ["network_1-graph.meta"] + [f"network_1-{e}_10.commit" for e in (7, 8, 9, 10)])
+        ["network_1-graph.meta"] + [f"network_1-{e}_10.{x}" for e in (7, 8, 9, 10) for x in ("commit", "digests")])
     assert len([f for f in files if f.startswith("network-") and f.endswith(".commit")]) == 5
     # the loss lines after the resume point equal the uninterrupted run's, and so does the final state
     assert LOSS.findall(resumed.stdout) == LOSS.findall(ref.stdout)[6:]

@@ -46,6 +46,7 @@ def stopped(reference, tmp_path):
     ckpt = job / "run" / "checkpoints"
     for name in ("network-3_1", "network-3_8", "network-3_10"):
         (ckpt / f"{name}.commit").unlink()
+        (ckpt / f"{name}.digests").unlink()
         for p in ckpt.glob(f"rank_*/{name}.h5"):
             p.unlink()
     return job, ckpt

@@ -1,7 +1,7 @@
 """A checkpoint from elsewhere never makes dsim read or write outside its directory (issue 22, item 5).
 
-Crafted checkpoints of a 2-rank dp2 job (each rank the other's replica): a commit record whose `files` entry
-is `../../victim/target.h5` or absolute, a rank file symlinked to a file outside, a rank directory symlinked
+Crafted checkpoints of a 2-rank dp2 job (each rank the other's replica): a commit record whose file template
+is `../../victim/rank_{rank}.h5` or absolute, a rank file symlinked to a file outside, a rank directory symlinked
 to a directory outside. Under `--resume auto --repair` and `dsim.inspect --verify`, nothing outside the
 checkpoint directory changes (a digest of the surrounding tree before and after), and the record is named
 in one line.
@@ -57,7 +57,9 @@ def crafted(job, tmp_path, kind):
     commit = ckpt / f"{NEWEST}.commit"
     record = json.loads(commit.read_text())
     if kind in ("dotdot", "absolute"):
-        record["files"]["1"] = "../../victim/target.h5" if kind == "dotdot" else str(victim / "target.h5")
+        shutil.copy(victim / "target.h5", victim / "rank_1.h5")  # what the crafted template names for rank 1
+        record["files"]["template"] = "../../victim/rank_{rank}.h5" if kind == "dotdot" else \
+            str(victim / "rank_{rank}.h5")
         commit.write_text(json.dumps(record))
         (ckpt / "rank_1" / f"{NEWEST}.h5").write_bytes(b"damaged")  # the in-directory file: damaged
     elif kind == "file_link":

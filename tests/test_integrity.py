@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, readonly_view, tmpfs
 from dsim import inspect as dinspect
 from dsim.checkpoint import commit as cm
+from dsim.checkpoint.record import read_digests
 from dsim.checkpoint.catalog import scan
 from dsim.checkpoint.errors import CheckpointError
 from dsim.checkpoint.format import META_ATTR, Tensor, read_file, write_file
@@ -103,16 +104,17 @@ def test_a_repaired_file_keeps_its_digest(tmp_path):
     m = {**donor.meta, "rank": 1}
     del m["format"], m["format_version"]
     written = write_file(path, m, donor.tensors.values(), donor.append_info)
-    assert written.digest == record["digests"]["1"] == read_file(path).digest
+    assert written.digest == read_digests(tmp_path, record)[0][1] == read_file(path).digest
 
 
 def test_last_gasp_commit_gets_digests_from_the_files(tmp_path):
     """write_commit without digests (the last gasp's committer) reads them from the files' attributes."""
     checkpoint(tmp_path, digests=True)
-    with_digests = cm.committed(tmp_path)[-1]["digests"]
+    with_digests = read_digests(tmp_path, cm.committed(tmp_path)[-1])
     (tmp_path / "net-2_4.commit").unlink()
     checkpoint(tmp_path, digests=False)
-    assert cm.committed(tmp_path)[-1]["digests"] == with_digests
+    assert read_digests(tmp_path, cm.committed(tmp_path)[-1]) == with_digests
+    assert set(with_digests[0]) == {0, 1} and with_digests[1] is None
 
 
 def test_format_1_files_load_and_verify_says_what_it_could_not_check(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Checkpoints: MindSpore's CheckpointConfig / ModelCheckpoint semantics on sharded HDF5 files.
 
-save:    saver.ModelCheckpoint -> format.write_file per rank -> commit.write_commit (last)
+save:    saver.ModelCheckpoint -> format.write_file per rank -> commit.write_commit (last; record: what the
+         commit record holds, O(distinct slices); progression: rank sets as ranges)
 plan:    group_info (which ranks hold identical slices), survivability (which failures leave a full copy)
 tools:   merge (virtual HDF5 of whole tensors); `python -m dsim.inspect` lists, verifies, merges
 load:    loader.latest_committed -> loader.load_checkpoint -> loader.load_param_into_net / restore

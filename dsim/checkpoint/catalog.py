@@ -3,7 +3,8 @@
 A checkpoint directory is any directory holding `<name>.commit` records (commit.py) and/or `rank_<r>/`
 shard directories: the training run's `checkpoints/`, and directories written with the same protocol
 elsewhere (e.g. `ttp_checkpoints/tft_saved_checkpoints-step_{n}/`). A commit record names each rank's
-file (`files`); files under `rank_*/` that no record names are leftovers of a save that never committed.
+file (`files`: a template, record.py); files under `rank_*/` that no record names are leftovers of a save
+that never committed.
 """
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from typing import Optional
 
 import h5py
 
-from . import commit as cm
+from . import commit as cm, record as rec
 from .format import FORMAT, JSON_ATTRS, META_ATTR, _plain, check_meta, content_digest
-from .group_info import replica_sets
+from .group_info import group_info_list, replica_sets
 from .errors import CheckpointError
 from ..parallel.layout import LayoutError, ParallelLayout, Slice
 
-SKIP_SUFFIXES = (".json", ".meta", ".commit")  # group info, graph meta, commit records being written
+SKIP_SUFFIXES = (".json", ".meta", ".commit", ".digests")  # group info, graph meta, commit records, digest files
 
 
 @dataclass
@@ -110,8 +111,8 @@ def read_records(directory: Path) -> tuple[list, list]:
 
 def record_files(directory: Path, record: dict) -> dict:
     """rank -> file path of a committed checkpoint: the record's `files`, else the sharded naming."""
-    files = record.get("files")
-    if not isinstance(files, dict):
+    files = rec.files_of(record) if isinstance(record.get("files"), dict) else None
+    if files is None:
         n = int(record.get("world_size", 1))
         files = {"0": cm.integrated_path("", record["name"]).name} if record.get("integrated_save") else {
             str(r): str(cm.shard_path("", r, record["name"])) for r in range(n)}
@@ -135,7 +136,7 @@ def scan(directory) -> CheckpointDir:
     for record in records:
         try:
             files = record_files(directory, record)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, CheckpointError) as e:
             out.problems.append(f"commit record {record.get('name')!r} is malformed ({type(e).__name__}: {e})")
             continue
         shards = [_shard(directory, r, p) for r, p in sorted(files.items())]
@@ -218,8 +219,14 @@ def group_sets(indexes: dict, checkpoint: Checkpoint) -> list:
     """
     if checkpoint.record.get("integrated_save"):
         return [[0]]
-    sets = sorted({tuple(sorted(int(r) for r in ix.meta["group_info"])) for ix in indexes.values()
-                   if isinstance(ix, ShardIndex) and isinstance(ix.meta.get("group_info"), list)})
+    sets = set()
+    for ix in indexes.values():
+        if isinstance(ix, ShardIndex) and ix.meta.get("group_info") is not None:
+            try:
+                sets.add(tuple(sorted(group_info_list(ix.meta["group_info"]))))
+            except CheckpointError:
+                pass
+    sets = sorted(sets)
     if sets:
         return [list(s) for s in sets]
     layout = checkpoint.layout()

@@ -2,16 +2,18 @@
 
 1) (all ranks) write their files under temporary names, fsync, rename into place;
 2) (all ranks) report success or their error to everyone (allgather);
-3) (rank 0) only if all succeeded, write the commit record `<name>.commit` (temporary name, fsync, rename,
-   fsync of the directory). A checkpoint exists exactly when its commit record does;
+3) (rank 0) only if all succeeded, write the digest file `<name>.digests`, then the commit record
+   `<name>.commit` (each: temporary name, fsync, rename, fsync of the directory). A checkpoint exists
+   exactly when its commit record does;
 4) (rank 0, then every rank) retention: drop the oldest committed checkpoints of the prefix beyond
    keep_checkpoint_max, commit record first, never the newest.
-Leftovers of an interrupted save (temporaries, files without a commit record) are removed with a
-warning when the next run starts, and never loaded.
+Leftovers of an interrupted save (temporaries, files and digest files without a commit record) are removed
+with a warning when the next run starts, and never loaded.
 
-A record names each rank's file (`files`) and, since checkpoint format 2, its content digest (`digests`,
-format.content_digest): a file swapped, edited or replaced after the commit is caught on load and by
-`dsim.inspect --verify`. Records without digests (older ones) still load.
+The record (record.py) names every rank's file by a template, and pins the digest file holding each file's
+content digest (format.content_digest): a file swapped, edited or replaced after the commit is caught on load
+and by `dsim.inspect --verify`. Records of the format before (one entry per rank) and records without
+digests (older still) load.
 """
 from __future__ import annotations
 
@@ -21,11 +23,12 @@ import re
 import warnings
 from pathlib import Path
 
+from . import progression, record as rec
 from .errors import CheckpointError
 from .format import check_meta, fsync_path
 from .paths import check_record, safe_rank_dir
 
-COMMIT_FORMAT = "dsim-commit/1"
+COMMIT_FORMAT = rec.FORMAT
 NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)$")
 
 
@@ -52,13 +55,16 @@ def commit_path(directory, name: str) -> Path:
     return Path(directory) / f"{name}.commit"
 
 
-def write_json_atomic(path: Path, record: dict) -> None:
-    """Write JSON under a temporary name, fsync, rename into place, fsync the directory."""
+def write_json_atomic(path: Path, record: dict, text: str = None) -> None:
+    """Write JSON (or text, when given) under a temporary name, fsync, rename into place, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w") as fh:
-            json.dump(record, fh, indent=1)
-            fh.write("\n")
+            if text is None:
+                json.dump(record, fh, indent=1)
+                fh.write("\n")
+            else:
+                fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -71,36 +77,70 @@ def write_json_atomic(path: Path, record: dict) -> None:
     fsync_path(path.parent)
 
 
-def write_commit(directory, record: dict) -> Path:
-    """Commit a checkpoint (step 3 above): it exists from this rename on.
+def write_commit(directory, record: dict, written: dict = None) -> Path:
+    """Commit a checkpoint (step 3 above): its digest file, then its record; it exists from this rename on.
 
-    Without `digests` in record (the last gasp's committer), they are read from the files' attributes
-    (no tensor data); a file that cannot be read gets none.
+    record: built by plan.commit_record, with written (rank -> (size, content digest) of each file); or, from
+    the last gasp's committer and older callers, a record with an explicit `files` map rank -> path and no
+    digests: the map becomes a template, and sizes, digests and the distinct slices are read from the files'
+    attributes (no tensor data; a file that cannot be read gets none).
     """
+    directory = Path(directory)
+    record = {k: v for k, v in record.items() if k not in ("format", "sizes", "digests")}
+    files = record.get("files")
+    if isinstance(files, dict) and not rec.is_compact(record):
+        layout = record.get("layout") or {}
+        period = (layout.get("model_parallel") or 1) * (layout.get("optimizer_shard") or 1)
+        written, slices = read_files(directory, files, period)
+        record["files"] = rec.compact_files(files, period)
+        record.setdefault("slices", slices)
+        _compact_last_gasp(record)
+    if written is not None:
+        world = record.get("world_size") or 1 + max(int(r) for r in written)
+        text = rec.dumps(rec.digest_table(record["name"], world, written))
+        name = rec.digests_name(record["name"])
+        write_json_atomic(directory / name, {}, text)
+        record["bytes"] = sum(w[0] for w in written.values() if w is not None and w[0] is not None)
+        record["digests"] = {"file": name, "sha256": rec.sha256(text)}
     path = commit_path(directory, record["name"])
-    if "digests" not in record and isinstance(record.get("files"), dict):
-        record = {**record, "digests": file_digests(directory, record["files"])}
-    write_json_atomic(path, {"format": COMMIT_FORMAT, **record})
+    write_json_atomic(path, {}, rec.dumps({"format": COMMIT_FORMAT, **record}))
     return path
 
 
-def file_digests(directory, files: dict) -> dict:
-    """rank -> content digest of each file (format.content_digest), read from its attributes only."""
+def _compact_last_gasp(record: dict) -> None:
+    """A last gasp's `writers` (rank -> the survivor that wrote its file) keeps only files written for another rank."""
+    gasp = record.get("last_gasp")
+    if isinstance(gasp, dict) and isinstance(gasp.get("writers"), dict):
+        gasp["writers"] = {r: w for r, w in gasp["writers"].items() if str(r) != str(w)}
+
+
+def read_files(directory, files: dict, period: int = None) -> tuple:
+    """(rank -> (size, content digest), the record's `slices`) from the files' attributes (no tensor data)."""
     import h5py
     from .format import content_digest
-    out = {}
+    written, held = {}, {}
     for rank, name in files.items():
+        path = Path(directory) / name
         try:
-            with h5py.File(Path(directory) / name, "r") as f:
-                out[rank] = content_digest(check_meta(f)[0])
+            with h5py.File(path, "r") as f:
+                written[int(rank)] = (path.stat().st_size, content_digest(check_meta(f)[0]))
+                for kind in ("params", "optimizer"):
+                    for tensor, ds in f.get(kind, {}).items():
+                        a = ds.attrs
+                        key = (f"{kind}/{tensor}", tuple(int(x) for x in a["global_shape"]),
+                               tuple(int(x) for x in a["offsets"]), tuple(int(x) for x in a["extents"]))
+                        held.setdefault(key, []).append(int(rank))
         except Exception:
             pass
-    return out
+    slices = [{"tensor": t, "global_shape": list(g), "offsets": list(o), "extents": list(e),
+               "holders": progression.set_to_json(progression.compress(ranks, period))}
+              for (t, g, o, e), ranks in held.items()]
+    return written, slices
 
 
-def digest_key(record: dict, rank: int) -> str:
-    """The key of rank's file in a record's `files` and `digests` (an integrated checkpoint has one file)."""
-    return "0" if record.get("integrated_save") else str(rank)
+def digest_key(record: dict, rank: int) -> int:
+    """The rank whose digest stands for rank's file in a record (an integrated checkpoint has one file, rank 0's)."""
+    return 0 if record.get("integrated_save") else rank
 
 
 def state_mismatch(meta: dict, record: dict) -> str | None:
@@ -129,7 +169,7 @@ def committed(directory) -> list[dict]:
     for path in Path(directory).glob("*.commit"):
         try:
             record = json.loads(path.read_text())
-            if isinstance(record, dict) and record.get("format") == COMMIT_FORMAT:
+            if isinstance(record, dict) and record.get("format") in rec.FORMATS:
                 check_record(directory, record)
                 records.append(record)
                 continue
@@ -177,10 +217,17 @@ def clean_leftovers(directory, rank: int, committed_names: set) -> list[Path]:
             warnings.warn(f"not cleaning {own}: a symlink or outside {d}")
     if rank == 0:
         mine += list(d.glob("*.tmp")) + [p for p in d.glob("*.h5") if p.name[:-3] not in committed_names]
+        mine += [p for p in d.glob("*.digests") if p.name[:-len(".digests")] not in committed_names]
     for p in mine:
         warnings.warn(f"removing leftover of an interrupted save (never committed): {p}")
         p.unlink(missing_ok=True)
     return mine
+
+
+def uncommit(directory, name: str) -> None:
+    """Retention's first step: remove the commit record (the checkpoint no longer exists), then its digest file."""
+    commit_path(directory, name).unlink()
+    (Path(directory) / rec.digests_name(name)).unlink(missing_ok=True)
 
 
 def to_drop(records: list[dict], prefix: str, keep_max: int) -> list[dict]:

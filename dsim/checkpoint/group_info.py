@@ -2,7 +2,12 @@
 
 A pure function of the layout. Two ranks are replicas when they have the same model-parallel index and
 the same optimizer-shard index; with optimizer shard k = dp a rank has no replica but itself.
-Planning is O(world size): `replica_sets` lists each set once, for any number of ranks.
+
+A replica set is an arithmetic progression, `range(shard * mp + m, world, mp * k)`, and is stored as one
+(progression.py): in every checkpoint file's `group_info` attribute and in `rank_<r>/group_info.json`, so
+neither grows with the world size. `restore_group_info_list` still returns MindSpore's full list of ranks,
+expanded from it; group info written before (format `dsim-group-info/1`, a list of ranks) still reads.
+`replica_ranges` gives every replica set once in O(mp x k); `replica_sets` lists their ranks (O(world)).
 """
 from __future__ import annotations
 
@@ -11,9 +16,11 @@ import os
 from pathlib import Path
 
 from ..parallel.layout import ParallelLayout, is_opt_sharded
+from . import progression
 from .errors import CheckpointError
 
-FORMAT = "dsim-group-info/1"
+FORMAT = "dsim-group-info/2"
+OLD_FORMAT = "dsim-group-info/1"   # group_info a list of ranks
 
 
 def group_info(layout: ParallelLayout, rank: int) -> list[int]:
@@ -21,10 +28,45 @@ def group_info(layout: ParallelLayout, rank: int) -> list[int]:
     return layout.replica_group(rank)
 
 
+def group_range(layout: ParallelLayout, rank: int) -> range:
+    """rank's group info as a progression (canonical form): dp2 x mp4, rank 0 -> range(0, 5, 4), i.e. [0, 4]."""
+    c = layout.coords(rank)
+    period = layout.model_parallel * layout.optimizer_shard
+    return progression.canonical(range(c.shard * layout.model_parallel + c.mp, layout.world_size, period))
+
+
+def group_info_attr(layout: ParallelLayout, rank: int) -> dict:
+    """What a checkpoint file stores as its `group_info` attribute: the progression {start, stop, step}."""
+    return progression.to_json(group_range(layout, rank))
+
+
+def group_info_as(stored, layout: ParallelLayout, rank: int):
+    """rank's group info in the form `stored` (another rank's) has: a list of ranks for a file written before
+    the progression form, so a file repaired from its replica keeps the content its commit record pinned."""
+    return group_info(layout, rank) if isinstance(stored, list) else group_info_attr(layout, rank)
+
+
+def group_info_list(value) -> list[int]:
+    """The ranks of a stored group info: a progression {start, stop, step}, or (written before) a list of ranks.
+
+    Raises CheckpointError (one line) for anything else.
+    """
+    if isinstance(value, dict):
+        return list(progression.from_json(value, "group info"))
+    if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value):
+        return list(value)
+    raise CheckpointError(f"group info {value!r} is neither a progression nor a list of ranks")
+
+
+def replica_ranges(layout: ParallelLayout) -> list[range]:
+    """Every replica set once as a progression, ordered by its first rank (the set index s * mp + m)."""
+    mp, k, world = layout.model_parallel, layout.optimizer_shard, layout.world_size
+    return [progression.canonical(range(i, world, mp * k)) for i in range(mp * k)]
+
+
 def replica_sets(layout: ParallelLayout) -> list[list[int]]:
     """Every replica set once, ordered by its first rank; together they partition the ranks."""
-    mp, k, dp = layout.model_parallel, layout.optimizer_shard, layout.data_parallel
-    return [[d * mp + m for d in range(s, dp, k)] for s in range(k) for m in range(mp)]
+    return [list(r) for r in replica_ranges(layout)]
 
 
 def write_group_info(path, layout: ParallelLayout, rank: int) -> Path:
@@ -34,22 +76,25 @@ def write_group_info(path, layout: ParallelLayout, rank: int) -> Path:
     path = Path(str(path).replace("{rank}", str(rank)))  # digits only
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "rank": rank, "group_info": group_info(layout, rank),
+    tmp.write_text(json.dumps({"format": FORMAT, "rank": rank, "group_info": group_info_attr(layout, rank),
                                "layout": layout.to_dict()}) + "\n")
     os.replace(tmp, path)
     return path
 
 
 def restore_group_info_list(path) -> list[int]:
-    """The list of replica ranks stored in a group-info file (MindSpore's restore_group_info_list)."""
+    """The list of replica ranks stored in a group-info file (MindSpore's restore_group_info_list).
+
+    Reads both formats: a progression (dsim-group-info/2), a list of ranks (dsim-group-info/1).
+    """
     try:
         data = json.loads(Path(path).read_text())
-        if data.get("format") != FORMAT:
+        if data.get("format") not in (FORMAT, OLD_FORMAT):
             raise ValueError
-        return [int(r) for r in data["group_info"]]
+        return group_info_list(data["group_info"])
     except FileNotFoundError:
         raise CheckpointError(f"group info file not found: {path}") from None
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError):
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError, CheckpointError):
         raise CheckpointError(f"not a dsim group info file: {path}") from None
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..parallel.groups import allgather_axis0
 from ..parallel.layout import Slice
-from . import commit as cm
+from . import commit as cm, record as rec
 from .errors import CheckpointError
 from .format import read_file
 from .paths import inside
@@ -120,7 +120,7 @@ def file_for(directory, record: dict, rank: int) -> Path:
     """The file rank reads from a committed checkpoint in directory."""
     if record["integrated_save"]:
         return cm.integrated_path(directory, record["name"])
-    return inside(directory, record["files"][str(rank)], f"files[{rank}] of commit record {record['name']}")
+    return inside(directory, rec.file_of(record, rank), f"files[{rank}] of commit record {record['name']}")
 
 
 def check_compatible(meta: dict, layout, world_size: int, path) -> None:

@@ -1,6 +1,7 @@
 """Paths taken from a checkpoint stay inside its directory.
 
-Every path read from a checkpoint (a commit record's `files`, its `name`) must be relative, free of `..`,
+Every path read from a checkpoint (a commit record's `files`: each rank's file its template gives, or
+each entry of a record of the format before; its `name`; its digest file) must be relative, free of `..`,
 and resolve inside the checkpoint directory; a symlinked rank file or rank directory pointing elsewhere
 fails the last test. Anything else makes the record malformed (CheckpointError, one line): the loader
 skips it like any damaged record, so nothing is ever read, renamed or written outside the directory.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from . import record as rec
 from .errors import CheckpointError
 
 
@@ -44,11 +46,21 @@ def check_record(directory, record: dict) -> None:
     for key in ("global_step", "sequence"):
         if not isinstance(record.get(key), int) or isinstance(record.get(key), bool):
             raise CheckpointError(f"{key} {record.get(key)!r} is not an integer")
+    pin = record.get("digests")
+    if rec.is_compact(record) and pin is not None:
+        plain_name(pin.get("file") if isinstance(pin, dict) else None, "digests.file")
     files = record.get("files")
     if files is None:
         return
     if not isinstance(files, dict):
         raise CheckpointError("files is not a mapping of rank -> path")
+    if rec.is_compact(record):
+        rec.check_files(record)
+        template = files["template"]
+        inside(directory, template, "files.template")
+        for rank in rec.file_ranks(record):  # a symlinked file or rank directory shows only once resolved
+            inside(directory, template.replace(rec.RANK, str(rank)), f"files[{rank}]")
+        return
     for rank, rel in files.items():
         if not str(rank).isdigit():
             raise CheckpointError(f"files has a key {rank!r} that is not a rank")

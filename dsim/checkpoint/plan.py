@@ -2,20 +2,22 @@
 
 Pure functions of (layout, parameter specs, optimizer slots): no MPI, no files, so planning can be
 timed and sized for any world size (65,536 ranks in milliseconds). They build exactly what the saver
-(dsim/checkpoint/saver.py) writes today:
+(dsim/checkpoint/saver.py) writes:
 
 - `save_plan`: every distinct slice of every parameter and optimizer state once, with the replica sets
   whose ranks hold (and, with sharded saves, each write) it; `SavePlan.for_rank(r)` is rank r's file.
 - `graph_meta`: the `<prefix>-graph.meta` record (once per run);
-- `commit_record`: the `<name>.commit` record (once per checkpoint).
+- `commit_record`: the `<name>.commit` record (once per checkpoint; record.py describes it).
+None of them grows with the world size: replica sets and holders are progressions (progression.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..parallel.layout import ParallelLayout, Slice, is_opt_sharded, owned_slice
-from .commit import COMMIT_FORMAT, shard_path
-from .group_info import replica_sets
+from . import progression, record as rec
+from .commit import shard_path
+from .group_info import replica_ranges
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class SavePlan:
     """All distinct slices of a checkpoint; every rank of a holder set writes the slice to its own file."""
 
     layout: ParallelLayout
-    replica_sets: list
+    replica_sets: list   # range per replica set (index s * mp + m)
     slices: tuple
 
     def set_of(self, rank: int) -> int:
@@ -60,12 +62,17 @@ class SavePlan:
     def elements_per_rank(self, rank: int) -> int:
         return sum(p.size for p in self.for_rank(rank))
 
+    def holders(self, planned: PlannedSlice) -> list:
+        """The ranks holding a planned slice: the union of its replica sets, as progressions."""
+        period = self.layout.model_parallel * self.layout.optimizer_shard
+        return progression.residues(planned.holders, period, self.layout.world_size)
+
 
 def save_plan(layout: ParallelLayout, specs, slots=()) -> SavePlan:
     """The save plan of a layout: one entry per distinct (tensor, slice), with the replica sets holding it.
 
     Work and size grow with the number of distinct slices (tensors x mp x optimizer shard), not with the
-    world size; only `replica_sets` (each rank once) grows with it.
+    world size.
     """
     mp, k = layout.model_parallel, layout.optimizer_shard
     specs = list(specs)
@@ -85,32 +92,53 @@ def save_plan(layout: ParallelLayout, specs, slots=()) -> SavePlan:
     for slot in slots:
         entries += [PlannedSlice("optimizer", f"{slot}.{p.name}", p.global_shape, p.where, p.split, p.opt_sharded,
                                  p.holders) for p in params]
-    return SavePlan(layout, replica_sets(layout), tuple(entries))
+    return SavePlan(layout, replica_ranges(layout), tuple(entries))
 
 
 def graph_meta(prefix: str, layout: ParallelLayout, specs, slots=()) -> dict:
     """The `<prefix>-graph.meta` record as the saver writes it when training begins."""
     specs = list(specs)
-    return {"format": "dsim-graph-meta/1", "prefix": prefix, "layout": layout.to_dict(),
+    return {"format": GRAPH_META_FORMAT, "prefix": prefix, "layout": layout.to_dict(),
             "world_size": layout.world_size,
             "parameters": [{"name": s.name, "shape": list(s.shape), "split": s.split,
                             "opt_sharded": is_opt_sharded(s, layout)} for s in specs],
             "optimizer_state": sorted(f"{slot}.{s.name}" for slot in slots for s in specs),
-            "replica_sets": replica_sets(layout)}
+            "replica_sets": replica_sets_json(layout)}
 
 
-def commit_record(name: str, prefix: str, layout: ParallelLayout, epoch: int, step_in_epoch: int,
-                  global_step: int, sequence: int, sizes: dict, integrated_save: bool = False,
-                  time: float = 0.0, digests: dict = None) -> dict:
-    """The `<name>.commit` record as the saver writes it (sizes: rank -> file size of the ranks that wrote;
-    digests: rank -> content digest of its file, which the saver always gives).
+GRAPH_META_FORMAT = "dsim-graph-meta/2"   # /1 listed every replica set's ranks
 
-    For a sharded save it names every rank's file: it grows with the world size.
+
+def replica_sets_json(layout: ParallelLayout) -> list:
+    """Every replica set once, a progression each: what the graph meta and the commit record store."""
+    return [progression.to_json(r) for r in replica_ranges(layout)]
+
+
+def slices_json(plan: SavePlan, integrated_save: bool = False) -> list:
+    """The commit record's `slices`: every distinct slice once with the ranks whose file holds it.
+
+    An integrated save is one file of whole tensors, rank 0's.
     """
+    if integrated_save:
+        seen = {}
+        for p in plan.slices:
+            seen.setdefault(f"{p.kind}/{p.name}", p.global_shape)
+        return [{"tensor": t, "global_shape": list(shape), "offsets": [0] * len(shape), "extents": list(shape),
+                 "holders": [progression.to_json(range(0, 1))]} for t, shape in seen.items()]
+    return [{"tensor": f"{p.kind}/{p.name}", "global_shape": list(p.global_shape), "offsets": list(p.where.offsets),
+             "extents": list(p.where.extents), "holders": progression.set_to_json(plan.holders(p))}
+            for p in plan.slices]
+
+
+def commit_record(name: str, prefix: str, plan: SavePlan, epoch: int, step_in_epoch: int, global_step: int,
+                  sequence: int, integrated_save: bool = False, time: float = 0.0, nbytes: int = 0) -> dict:
+    """The `<name>.commit` record as the saver builds it (record.py), before commit.write_commit adds the pin
+    of its digest file. nbytes: the total size of the files. O(distinct slices): no entry per rank."""
+    layout = plan.layout
     world = layout.world_size
-    files = {"0": f"{name}.h5"} if integrated_save else {str(r): str(shard_path("", r, name)) for r in range(world)}
-    return {"format": COMMIT_FORMAT, "name": name, "prefix": prefix, "epoch": epoch, "step_in_epoch": step_in_epoch,
-            "global_step": global_step, "sequence": sequence, "world_size": world, "layout": layout.to_dict(),
-            "integrated_save": integrated_save, "files": files,
-            "sizes": {str(r): s for r, s in sizes.items() if s}, "time": time,
-            **({"digests": {str(r): d for r, d in digests.items()}} if digests is not None else {})}
+    files = ({"template": f"{name}.h5", "ranks": [progression.to_json(range(0, 1))]} if integrated_save else
+             {"template": str(shard_path("", rec.RANK, name)), "ranks": [progression.to_json(range(0, world))]})
+    return {"format": rec.FORMAT, "name": name, "prefix": prefix, "epoch": epoch, "step_in_epoch": step_in_epoch,
+            "global_step": global_step, "sequence": sequence, "time": time, "world_size": world,
+            "layout": layout.to_dict(), "integrated_save": integrated_save, "files": files, "bytes": nbytes,
+            "replica_sets": replica_sets_json(layout), "slices": slices_json(plan, integrated_save)}

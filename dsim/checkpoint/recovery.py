@@ -5,8 +5,10 @@ bad file gives the same message on every rank and never a hang.
 
 1. candidates: the committed checkpoints, newest first by global step (never by file time), or the one named;
 2. the checkpoint must have been saved with the built run's layout and world size (else one clear error);
-3. every rank reads and verifies its own file: it exists, is HDF5, every checksum matches, and it holds
-   this rank's shard of the committed step;
+3. every rank reads and verifies its own file: it exists, is HDF5, every checksum matches, its content
+   digest is the one committed (the digest file, read on rank 0 and scattered: each rank gets its own), and
+   it holds this rank's shard of the committed step; a digest file missing or not the one committed makes
+   the checkpoint unusable, as a damaged commit record would;
 4. a rank whose file is lost or damaged receives the shard from a healthy rank of its group info (MPI point
    to point). With repair=True it also writes the shard back in place, keeping the damaged file as
    `<name>.h5.damaged`. When some rank has no healthy replica, the next older checkpoint is tried;
@@ -25,10 +27,10 @@ from typing import Iterable
 from ..engine import callbacks
 from ..engine.callbacks import say
 from ..parallel.layout import ParallelLayout
-from . import commit as cm
+from . import commit as cm, record as rec
 from .errors import CheckpointError
 from .format import Shard, read_file, write_file
-from .group_info import group_info, replica_sets, tensor_holders, write_group_info
+from .group_info import group_info_as, replica_sets, tensor_holders, write_group_info
 from .loader import candidates, check_compatible, file_for, load_into, param_dict_of
 
 TAG = 0x5EED
@@ -94,12 +96,24 @@ def plan_tensors(damage: dict, names, holders_of, sets) -> TensorPlan:
     return TensorPlan(sources, lost, preferred)
 
 
-def read_own(directory, record: dict, rank: int):
+def expected_digest(comm, directory, record: dict) -> tuple:
+    """(the content digest the record commits for this rank's file, or None when it has none; why the digests
+    cannot be trusted, or None). Collective: rank 0 reads the digest file, every rank gets its own entry."""
+    table, why = [None] * comm.size, None
+    if comm.rank == 0:
+        digests, why = rec.read_digests(directory, record)
+        if digests is not None:
+            table = [digests.get(cm.digest_key(record, r)) for r in range(comm.size)]
+    why = comm.bcast(why, root=0)
+    return comm.scatter(table, root=0), why
+
+
+def read_own(directory, record: dict, rank: int, digest: str = None):
     """(shard, None, []) when rank's file of the committed checkpoint is whole and really rank's; (shard, why,
     damaged tensor names) when only some tensors' data is damaged; (None, why, None) when the file cannot be used.
 
-    Whole: every checksum matches (tensors and metadata), its content digest is the one the commit record
-    names (when the record has digests), and its scalar state (global step, epoch, data position, optimizer
+    Whole: every checksum matches (tensors and metadata), its content digest is `digest` (the one the commit
+    record names, when it has digests), and its scalar state (global step, epoch, data position, optimizer
     step) is the record's.
     """
     path = file_for(directory, record, rank)
@@ -109,7 +123,6 @@ def read_own(directory, record: dict, rank: int):
     except CheckpointError as e:
         return None, str(e), None
     meta = shard.meta
-    digest = record.get("digests", {}).get(cm.digest_key(record, rank))
     if digest is not None and shard.digest != digest:
         return None, (f"{path} is not the file committed (its content digest differs from the commit record's; "
                       f"it holds rank {meta.get('rank')}'s shard of global step {meta.get('global_step')})"), None
@@ -165,7 +178,7 @@ def repair_file(directory, record: dict, rank: int, layout: ParallelLayout, shar
         kept = _free_name(path.with_name(path.name + ".damaged"))
         os.replace(path, kept)
     meta = {k: v for k, v in shard.meta.items() if k not in ("format", "format_version")}
-    meta.update(rank=rank, group_info=group_info(layout, rank))
+    meta.update(rank=rank, group_info=group_info_as(shard.meta.get("group_info"), layout, rank))
     write_file(path, meta, shard.tensors.values(), shard.append_info)
     info = cm.rank_dir(directory, rank) / "group_info.json"
     if not info.exists():
@@ -196,7 +209,15 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
     for i, record in enumerate(records):
         directory = Path(record["directory"])
         check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
-        shard, error, damaged = read_own(directory, record, rank)
+        digest, why = expected_digest(comm, directory, record)
+        if why:
+            tried.append(f"{record['name']}: {why}")
+            if rank == 0:
+                after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
+                         if i + 1 < len(records) else "")
+                log(f"dsim: recovery: checkpoint {record['name']} is not usable: {why}{after}")
+            continue
+        shard, error, damaged = read_own(directory, record, rank, digest)
         reports = comm.allgather((error, damaged))
         broken = {r: e for r, (e, _) in enumerate(reports) if e}
         damage = {r: (None if d is None else set(d)) for r, (e, d) in enumerate(reports) if e}

@@ -20,7 +20,8 @@ from . import commit as cm
 from .config import CheckpointConfig
 from .errors import CheckpointError
 from .format import Tensor, write_file
-from .group_info import group_info, replica_sets, write_group_info
+from .group_info import group_info, group_info_attr, write_group_info
+from .plan import GRAPH_META_FORMAT, commit_record, replica_sets_json, save_plan
 
 
 def state_tensors(network, optimizer, arrays=None):
@@ -173,12 +174,12 @@ class ModelCheckpoint(Callback):
                 write_group_info(self.group_info_file, layout, cb.rank)
             if cb.rank == 0:
                 cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta", {
-                    "format": "dsim-graph-meta/1", "prefix": self.prefix, "layout": cb.layout,
+                    "format": GRAPH_META_FORMAT, "prefix": self.prefix, "layout": cb.layout,
                     "world_size": cb.world_size,
                     "parameters": [{"name": p.name, "shape": list(p.spec.shape), "split": p.spec.split,
                                     "opt_sharded": p.opt_sharded} for p in cb.network.trainable_params()],
                     "optimizer_state": sorted({s for s, _, _ in cb.optimizer.state_items()}),
-                    "replica_sets": replica_sets(layout)})
+                    "replica_sets": replica_sets_json(layout)})
         except OSError as e:  # every rank must learn of it, or the others wait in the barrier forever
             error = error_text(e)
         failed = {r: e for r, e in enumerate(comm.allgather(error)) if e}
@@ -235,7 +236,7 @@ class ModelCheckpoint(Callback):
         comm, layout, rank = groups.world, groups.layout, cb.rank
         name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)
         meta = {**resume_meta(cb.model, cb.cur_step_num, rank), "prefix": self.prefix, "integrated_save": self.config.integrated_save,
-                "group_info": group_info(layout, rank)}
+                "group_info": group_info_attr(layout, rank)}
         append = self._append_info(cb)
         half = lambda: faults.at_point("save", cb.cur_step_num)  # noqa: E731
         error, written, storage = None, None, True
@@ -263,16 +264,11 @@ class ModelCheckpoint(Callback):
         if rank == 0:
             try:
                 records = cm.committed(self.directory)
-                files = {"0": cm.integrated_path(self.directory, name).name} if self.config.integrated_save else {
-                    str(r): str(cm.shard_path("", r, name)) for r in range(comm.size)}
-                cm.write_commit(self.directory, {
-                    "name": name, "prefix": self.prefix, "epoch": cb.cur_epoch_num,
-                    "step_in_epoch": cb.cur_step_in_epoch, "global_step": cb.cur_step_num,
-                    "sequence": max([r["sequence"] for r in records], default=0) + 1,
-                    "world_size": comm.size, "layout": cb.layout, "integrated_save": self.config.integrated_save,
-                    "files": files, "sizes": {str(r): w.size for r, (_, _, w) in enumerate(results) if w},
-                    "digests": {str(r): w.digest for r, (_, _, w) in enumerate(results) if w},
-                    "time": time.time()})
+                record = commit_record(name, self.prefix, self._plan(cb), cb.cur_epoch_num, cb.cur_step_in_epoch,
+                                       cb.cur_step_num, max([r["sequence"] for r in records], default=0) + 1,
+                                       self.config.integrated_save, time.time())
+                cm.write_commit(self.directory, record, {r: (w.size, w.digest) for r, (_, _, w) in enumerate(results)
+                                                         if w})
             except OSError as e:
                 error = error_text(e)
         error = comm.bcast(error, root=0)
@@ -327,6 +323,14 @@ class ModelCheckpoint(Callback):
                   free=free_space(self.directory))
         return None
 
+    def _plan(self, cb):
+        """The save plan of this run's layout and state (the commit record's slices), made once."""
+        layout = cb.model.groups.layout
+        if getattr(self, "_plan_of", (None,))[0] != layout:
+            slots = sorted({s.split(".", 1)[0] for s, _, _ in cb.optimizer.state_items()})
+            self._plan_of = (layout, save_plan(layout, [p.spec for p in cb.network.trainable_params()], slots))
+        return self._plan_of[1]
+
     def _append_info(self, cb) -> dict:
         return append_info(self.config.append_info, cb.cur_epoch_num, cb.cur_step_num)
 
@@ -337,7 +341,7 @@ class ModelCheckpoint(Callback):
             drop = [r["name"] for r in cm.to_drop(cm.committed(self.directory), self.prefix,
                                                   self.config.keep_checkpoint_max)]
             for name in drop:
-                cm.commit_path(self.directory, name).unlink()  # uncommit first
+                cm.uncommit(self.directory, name)  # the commit record first
                 cm.integrated_path(self.directory, name).unlink(missing_ok=True)
         for name in comm.bcast(drop, root=0):
             cm.shard_path(self.directory, rank, name).unlink(missing_ok=True)

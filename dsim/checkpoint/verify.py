@@ -6,11 +6,13 @@ For a checkpoint of a directory (catalog.Checkpoint):
 2. for every parameter and optimizer state, the distinct slices held by the ranks tile the global shape:
    no gap, no overlap (coverage.py, from the offsets/extents attributes), and every rank holds every tensor;
 3. the ranks of each replica set (group info) hold the same slices with the same checksums, so any one
-   of them can stand in for another, as recovery assumes.
+   of them can stand in for another, as recovery assumes;
+4. every file holds exactly the slices the commit record's `slices` give its rank (record.py).
 Step 1 also checks the metadata: every attribute and append_info value against the file's checksum table
-(format 2), the file's content digest against the commit record's, and the scalar state (global step,
-epoch, data position, optimizer step) against the record. What could not be checked (format 1 files, a
-record without digests) is a note, not a problem.
+(format 2), the file's content digest against the one committed (the digest file, itself checked against
+the record's pin), and the scalar state (global step, epoch, data position, optimizer step) against the
+record. What could not be checked (format 1 files, a record without digests, a record of the format
+before without slices) is a note or skipped, not a problem.
 """
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from dataclasses import dataclass, field
 
 import h5py
 
-from . import commit as cm
+from . import commit as cm, progression, record as rec
 from .catalog import Checkpoint, ShardIndex, group_sets, read_index
 from .coverage import coverage
 from .errors import CheckpointError
 from .format import crc32
+from .group_info import group_info_list
 
 
 @dataclass
@@ -77,7 +80,9 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
     v = Verification(checkpoint.name)
     record = checkpoint.record
     indexes = indexes_of(checkpoint)
-    digests = record.get("digests") if isinstance(record.get("digests"), dict) else None
+    digests, why = rec.read_digests(checkpoint.directory, record)
+    if why:
+        v.problems.append(f"{checkpoint.name}: {why}")
     unchecked = []
     good = {}
     for s in checkpoint.shards:
@@ -112,7 +117,7 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
     if unchecked:
         v.notes.append(f"the metadata of the file(s) of rank(s) {_ranks(unchecked)} (format 1: no metadata "
                        "checksums)")
-    if digests is None and good:
+    if digests is None and not why and good:
         v.notes.append("the file digests (the commit record has none: written before checkpoint format 2)")
     if not good:
         return v
@@ -135,15 +140,20 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
     # 3. replica sets hold identical slices
     v.replica_sets = group_sets(good, checkpoint)
     if not record.get("integrated_save"):
+        lists = {}
         for r, ix in good.items():
-            gi = ix.meta.get("group_info")
-            if not isinstance(gi, list) or r not in gi:
-                v.problems.append(f"rank {r}: group info {gi!r} does not include the rank itself")
+            try:
+                lists[r] = group_info_list(ix.meta.get("group_info"))
+            except CheckpointError:
+                lists[r] = None
+        for r, gi in lists.items():
+            if gi is None or r not in gi:
+                v.problems.append(f"rank {r}: group info {good[r].meta.get('group_info')!r} does not include the "
+                                  "rank itself")
                 continue
             for m in gi:
-                if m in good and good[m].meta.get("group_info") != gi:
-                    v.problems.append(f"rank {r}: group info {gi} disagrees with rank {m}'s "
-                                      f"{good[m].meta.get('group_info')}")
+                if m in good and lists[m] != gi:
+                    v.problems.append(f"rank {r}: group info {gi} disagrees with rank {m}'s {lists[m]}")
     for group in v.replica_sets:
         members = [r for r in group if r in good]
         for r in members[1:]:
@@ -152,7 +162,32 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
             if differ:
                 v.problems.append(f"replica set {_set(group)}: ranks {members[0]} and {r} hold different "
                                   f"slices or data of {', '.join(differ[:3])}" + (" …" if len(differ) > 3 else ""))
+    v.problems += slice_problems(record, good)
     return v
+
+
+def slice_problems(record: dict, good: dict) -> list:
+    """Step 4: the files against the commit record's slices (records of the format before have none)."""
+    try:
+        planned = [(s["tensor"], tuple(s["offsets"]), tuple(s["extents"]),
+                    progression.set_from_json(s["holders"], f"holders of {s['tensor']}")) for s in record["slices"]]
+    except (KeyError, TypeError, CheckpointError) as e:
+        return [] if "slices" not in record else [f"{record.get('name')}: the commit record's slices are malformed ({e})"]
+    out = []
+    for r, ix in sorted(good.items()):
+        want = {(t, o, e) for t, o, e, holders in planned if progression.contains(holders, r)}
+        have = {(t, piece.offsets, piece.extents) for t, (_, piece, _, _, _) in ix.tensors.items()}
+        if want != have:
+            extra, lacking = sorted(have - want), sorted(want - have)
+            out.append(f"rank {r}: holds other slices than its commit record names"
+                       + (f"; not named: {_pieces(extra)}" if extra else "")
+                       + (f"; missing: {_pieces(lacking)}" if lacking else ""))
+    return out
+
+
+def _pieces(pieces) -> str:
+    text = ", ".join(f"{t} at {list(o)}" for t, o, _ in pieces[:3])
+    return text + (" …" if len(pieces) > 3 else "")
 
 
 def _ranks(ranks) -> str:

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from .. import faults
 from ..checkpoint import commit as cm
 from ..checkpoint.format import write_file
-from ..checkpoint.group_info import group_info, replica_sets
+from ..checkpoint.group_info import group_info_attr, replica_sets
 from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
 from ..engine.callbacks import event
 from .ulfm import revoke, revoke_groups, shrink
@@ -204,7 +204,7 @@ def _write(run, directory, rank, step, arrays) -> None:
     cfg = run.cfg.checkpoint
     epoch, in_epoch = epoch_and_step(step, run.loader.get_dataset_size())
     meta = {**resume_meta(run.model, step, rank), "prefix": PREFIX, "integrated_save": False,
-            "group_info": group_info(run.groups.layout, rank), "last_gasp": True}
+            "group_info": group_info_attr(run.groups.layout, rank), "last_gasp": True}
     me = run.groups.world.rank
     write_file(directory / file_name(rank, epoch, in_epoch), meta, state_tensors(run.network, run.optimizer, arrays),
                append_info(cfg.append_info, epoch, step), lambda: faults.during_last_gasp(me, step))
