@@ -75,12 +75,22 @@ def test_plan_records_equal_what_the_saver_writes(tmp_path):
 def test_bench_runs_at_toy_size(tmp_path):
     out = tmp_path / "results" / "toy.json"
     proc = run_command([sys.executable, "-m", "bench", "--size", "toy", "--no-dcp", "--out", str(out),
-                        "--workdir", str(tmp_path / "work")], ROOT, 600, 0)
+                        "--workdir", str(tmp_path / "work")], ROOT, 900, 0)
     assert "| figure | min | median | target |" in proc.stdout
     results = json.loads(out.read_text())
-    assert list(results["suites"]) == ["save_load", "planning", "training", "recovery", "models"]
+    assert list(results["suites"]) == ["step", "save_load", "planning", "training", "recovery", "models"]
     assert results["machine"]["cores"] >= 1 and results["versions"]["h5py"]
     assert list((tmp_path / "work").iterdir()) == []  # every benchmark file removed
+
+    step = results["suites"]["step"]["raw"]   # one process and dp2, one repeat; torch beside only when installed
+    for name, ranks in (("one process", 1), ("dp2", 2)):
+        (rep,) = step[name]["repeats"]
+        assert len(rep["ranks"]) == ranks
+        for r in rep["ranks"]:
+            d = r["dsim"]
+            assert d["step_s"] > 0 and d["matmul_s"] > 0 and d["update_s"] > 0
+            assert d["peak_rss"] > d["state_bytes"] > 0  # the interpreter alone is larger than a toy model
+    assert step["dp2"]["repeats"][0]["ranks"][0]["dsim"]["dp_raw_s"] > 0
 
     io = results["suites"]["save_load"]
     assert len(io["repeats"]) == 3 and io["params"]["state_bytes"] >= 2 ** 22
@@ -119,5 +129,5 @@ def test_bench_runs_at_toy_size(tmp_path):
 def test_bench_unknown_suite_is_one_error_line(tmp_path):
     proc = run_command([sys.executable, "-m", "bench", "--only", "nope", "--out", str(tmp_path / "x.json")],
                        ROOT, 60, 2)
-    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: save_load, planning, training, recovery, models)"]
+    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: step, save_load, planning, training, recovery, models)"]
     assert not (tmp_path / "x.json").exists()
