@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from ..parallel.layout import Slice
+from . import tensor_io
 from .errors import CheckpointError
 
 FORMAT, VERSION = "dsim-checkpoint", 2
@@ -180,6 +181,25 @@ class _Sink(io.RawIOBase):
         self.size = max(self.size, self.pos)
         return len(view)
 
+    def write_tensor(self, ds, data: np.ndarray) -> int:
+        """Put an array's bytes in place of its dataset (allocated early); returns their CRC-32.
+
+        After an error nothing more is written (the CRC is still computed, so the file stays consistent
+        for HDF5 until write_file raises the error).
+        """
+        offset = tensor_io.raw_offset(ds)
+        if offset is None:  # not laid out as asked (an empty dataset): HDF5 writes it, through this sink
+            if data.size:
+                ds.write_direct(data)
+            return crc32(data)
+        if self.error is not None:
+            return crc32(data)
+        try:
+            return tensor_io.write_at(self.fd, data, offset)
+        except OSError as e:
+            self.error = e
+            return crc32(data)
+
     def readinto(self, b):
         n = os.preadv(self.fd, [b], self.pos) if self.error is None else 0
         self.pos += n
@@ -217,6 +237,8 @@ def fsync_path(path) -> None:
 def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None) -> Written:
     """Write a checkpoint file via a temporary name, fsync it, rename it into place; returns (size, digest).
 
+    Every tensor's dataset is allocated when the file is created, and its bytes go straight from the array
+    to their place in the file (tensor_io), with the CRC-32 computed on the way.
     Any failure (disk full, quota, read-only, permission) removes the temporary and raises one OSError
     naming the file; nothing is left behind.
     """
@@ -232,10 +254,14 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
             for key, value in meta.items():
                 if key != META_ATTR:
                     f.attrs[key] = json.dumps(value) if key in JSON_ATTRS else value
-            for i, t in enumerate(tensors):
-                ds = f.create_dataset(f"{t.kind}/{t.name}", data=t.data)
+            placed = []
+            for t in tensors:
+                data = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+                placed.append((f.create_dataset(f"{t.kind}/{t.name}", shape=data.shape, dtype=data.dtype,
+                                                dcpl=tensor_io.early_dcpl()), data))
+            for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
                 ds.attrs.update(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
-                                split=t.split, opt_sharded=t.opt_sharded, crc32=crc32(t.data))
+                                split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
                 if on_half_written is not None and i == len(tensors) // 2:
                     f.flush()
                     on_half_written()
@@ -262,12 +288,15 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
         raise
 
 
-def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
+def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Shard:
     """Read a checkpoint file; raises CheckpointError with one line if it is missing, foreign, truncated or corrupt.
 
     verify: every tensor's CRC-32 and the metadata checksums (format 2) must match; a mismatch names the item.
     With a list as `damaged`, a tensor whose data does not match its checksum is left out and `<kind>/<name>`
     appended there instead of raising (recovery then takes just that tensor from another holder).
+    into: name -> array (C-contiguous, writable) where a tensor of that shape and dtype is read, e.g. the
+    model's and optimizer's own arrays, so loading allocates and copies nothing; the Shard's tensor then
+    is that array. A tensor whose checksum fails has still been read into it: the caller replaces it.
     """
     path = Path(path)
     if not path.is_file():
@@ -277,6 +306,7 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
     except Exception:
         kind = "truncated or corrupt HDF5 file" if _has_hdf5_signature(path) else "not an HDF5 file"
         raise CheckpointError(f"cannot read checkpoint {path}: {kind}") from None
+    fd = None
     try:
         with f:
             if f.attrs.get("format") != FORMAT:
@@ -286,11 +316,12 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
                 raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
             meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
+            fd = os.open(path, os.O_RDONLY)
             for kind in ("params", "optimizer"):
                 for name, ds in f.get(kind, {}).items():
-                    data = ds[()]
                     a = ds.attrs
-                    if verify and crc32(data) != int(a["crc32"]):
+                    data, crc = _read_tensor(fd, ds, (into or {}).get(name), verify)
+                    if verify and crc != int(a["crc32"]):
                         if damaged is None:
                             raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
                         damaged.append(f"{kind}/{name}")
@@ -304,8 +335,28 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
             return shard
     except CheckpointError:
         raise
+    except EOFError:
+        raise CheckpointError(f"cannot read checkpoint {path}: truncated or corrupt HDF5 file") from None
     except Exception as e:  # whatever a damaged file makes h5py raise: one line
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_tensor(fd: int, ds, target, verify: bool) -> tuple:
+    """(array, CRC-32 or None) of a dataset: read in place by offset when it is laid out contiguously
+    (into target when that fits, else a new array), through h5py otherwise (old and foreign files)."""
+    fits = (target is not None and target.shape == ds.shape and target.dtype == ds.dtype
+            and target.flags.c_contiguous and target.flags.writeable)
+    offset = tensor_io.raw_offset(ds)
+    if offset is None:
+        data = ds[()] if not fits else target
+        if fits:
+            ds.read_direct(target)
+        return data, (crc32(data) if verify else None)
+    data = target if fits else np.empty(ds.shape, ds.dtype)
+    return data, tensor_io.read_at(fd, data, offset)
 
 
 def _has_hdf5_signature(path) -> bool:
