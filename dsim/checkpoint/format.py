@@ -90,8 +90,22 @@ def _leaves(key: str, value):
         yield key, value
 
 
-def meta_table(f) -> dict:
-    """item -> CRC-32 of everything in an open checkpoint file but the tensor data (see the module doc)."""
+def datasets_of(f) -> dict:
+    """(kind, name) -> (dataset, its attributes as plain values) of every dataset of an open checkpoint file,
+    each attribute read once (the metadata checks and the tensors share them)."""
+    out = {}
+    for kind in ("params", "optimizer", "append_info"):
+        group = f.get(kind)
+        for name, ds in (group.items() if isinstance(group, h5py.Group) else ()):
+            out[kind, name] = ds, {k: _plain(v) for k, v in ds.attrs.items()}
+    return out
+
+
+def meta_table(f, datasets: dict = None) -> dict:
+    """item -> CRC-32 of everything in an open checkpoint file but the tensor data (see the module doc).
+
+    datasets: datasets_of(f), when already read.
+    """
     table = {}
     for key in sorted(f.attrs):
         if key == META_ATTR:
@@ -105,13 +119,11 @@ def meta_table(f) -> dict:
             table.update((k, _crc_item(k, v)) for k, v in _leaves(key, raw))
         else:
             table[key] = _crc_item(key, raw)
-    for kind in ("params", "optimizer", "append_info"):
-        group = f.get(kind)
-        for name, ds in (group.items() if isinstance(group, h5py.Group) else ()):
-            item = {"dtype": str(ds.dtype), "shape": list(ds.shape), **{k: _plain(v) for k, v in ds.attrs.items()}}
-            if kind == "append_info":
-                item["value"] = _plain(ds[()])
-            table[f"{kind}/{name}"] = _crc_item(f"{kind}/{name}", item)
+    for (kind, name), (ds, attrs) in (datasets_of(f) if datasets is None else datasets).items():
+        item = {"dtype": str(ds.dtype), "shape": list(ds.shape), **attrs}
+        if kind == "append_info":
+            item["value"] = _plain(ds[()])
+        table[f"{kind}/{name}"] = _crc_item(f"{kind}/{name}", item)
     return table
 
 
@@ -120,13 +132,13 @@ def content_digest(table: dict) -> str:
     return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
 
 
-def check_meta(f) -> tuple:
+def check_meta(f, datasets: dict = None) -> tuple:
     """(table, what differed, checked) for an open checkpoint file.
 
     What differed lists the items whose checksum no longer matches (empty when all match); checked is
     False for a format 1 file, which carries no table.
     """
-    table, stored = meta_table(f), f.attrs.get(META_ATTR)
+    table, stored = meta_table(f, datasets), f.attrs.get(META_ATTR)
     if stored is None:
         version = _plain(f.attrs.get("format_version", 1))
         return table, (["meta_crc32 (the metadata checksums are missing)"] if version != 1 else []), version != 1
@@ -311,15 +323,15 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
         with f:
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
-            table, differ, checked = check_meta(f)
+            datasets = datasets_of(f)
+            table, differ, checked = check_meta(f, datasets)
             if verify and differ:
                 raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
             meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
             fd = os.open(path, os.O_RDONLY)
-            for kind in ("params", "optimizer"):
-                for name, ds in f.get(kind, {}).items():
-                    a = ds.attrs
+            for (kind, name), (ds, a) in datasets.items():
+                if kind != "append_info":
                     data, crc = _read_tensor(fd, ds, (into or {}).get(name), verify)
                     if verify and crc != int(a["crc32"]):
                         if damaged is None:
@@ -330,8 +342,8 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
                                                  Slice(tuple(int(x) for x in a["offsets"]),
                                                        tuple(int(x) for x in a["extents"])),
                                                  data, str(a["split"]), bool(a["opt_sharded"]))
-            for key, ds in f.get("append_info", {}).items():
-                shard.append_info[key] = _plain(ds[()])
+                else:
+                    shard.append_info[name] = _plain(ds[()])
             return shard
     except CheckpointError:
         raise
