@@ -246,9 +246,11 @@ def fsync_path(path) -> None:
         os.close(fd)
 
 
-def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None) -> Written:
+def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None, after_each=None) -> Written:
     """Write a checkpoint file via a temporary name, fsync it, rename it into place; returns (size, digest).
 
+    on_half_written() is called once half of the tensors are in the file (fault injection); after_each()
+    after every tensor (an async save's thread stops there when abandoned: what it raises ends the write).
     Every tensor's dataset is allocated when the file is created, and its bytes go straight from the array
     to their place in the file (tensor_io), with the CRC-32 computed on the way.
     Any failure (disk full, quota, read-only, permission) removes the temporary and raises one OSError
@@ -271,15 +273,22 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
                 data = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
                 placed.append((f.create_dataset(f"{t.kind}/{t.name}", shape=data.shape, dtype=data.dtype,
                                                 dcpl=tensor_io.early_dcpl()), data))
+            datasets = {}  # what the checksum table covers, from memory: no second pass over the file
             for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
-                ds.attrs.update(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
-                                split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
+                attrs = dict(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
+                             split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
+                ds.attrs.update(attrs)
+                datasets[t.kind, t.name] = ds, attrs
                 if on_half_written is not None and i == len(tensors) // 2:
                     f.flush()
                     on_half_written()
+                if after_each is not None:
+                    after_each()
             for key, value in append_info.items():
                 f.create_dataset(f"append_info/{key}", data=value)
-            table = meta_table(f)
+            if append_info:
+                datasets.update((k, v) for k, v in datasets_of(f).items() if k[0] == "append_info")
+            table = meta_table(f, datasets)
             f.attrs[META_ATTR] = json.dumps(table, sort_keys=True)
         if sink.error is not None:
             raise sink.error
@@ -321,6 +330,8 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     fd = None
     try:
         with f:
+            fd = os.open(path, os.O_RDONLY)
+            tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)  # the disk reads on while the metadata is checked
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
             datasets = datasets_of(f)
@@ -329,7 +340,6 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
                 raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
             meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
-            fd = os.open(path, os.O_RDONLY)
             for (kind, name), (ds, a) in datasets.items():
                 if kind != "append_info":
                     data, crc = _read_tensor(fd, ds, (into or {}).get(name), verify)
