@@ -29,3 +29,23 @@ def test_async_save_kill_mid_write_then_resume_is_bit_identical(tmp_path):
     assert SAVED.findall(resumed.stdout) == ["network_1-2_10", "network_1-3_10"]
     assert LOSS.findall(resumed.stdout) == LOSS.findall(ref.stdout)[1:]
     same_final_state(ref_dir / "run" / "checkpoints", "network-3_10", ckpt, "network_1-3_10")
+
+
+def test_a_kill_during_an_async_save_abandons_it_and_the_last_gasp_saves(ft_reference, tmp_path):
+    """Rank 0 dies half-way through its background write of step 14: the survivors, already training step 15,
+    abandon that save (never committed) and save the last gasp of step 14; the resume is bit-identical."""
+    from ftjob import LOSS as FT_LOSS, OPTS, error_lines, fault, final_state_equal
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", "--set", "checkpoint.async_save=true"]
+    crash = mpirun(8, [*opts, *fault("kill", 0, "save", 14)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1 and "killing rank 0 (SIGKILL) during the save of step 14" in crash.stdout
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_7.commit"]  # step 14 never committed
+    assert ("dsim: the async save of network-2_4 (global step 14) was in flight: abandoned, not committed "
+            "(a rank failed: the last gasp saves the newest step instead)") in crash.stderr
+    errors = error_lines(crash)
+    assert len(errors) == 1 and "last-gasp checkpoint ttp-2_4 (global step 14) committed" in errors[0], crash.stderr
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "(global step 14: epoch 2 step 4)" in proc.stdout
+    assert FT_LOSS.findall(proc.stdout) == ref_losses[14:]
+    final_state_equal(ref_ckpt, ckpt)

@@ -354,8 +354,7 @@ class ModelCheckpoint(Callback):
             p.writer.abandon()
         if not self.config.integrated_save and self.rank is not None:
             cm.shard_path(self.directory, self.rank, p.name).unlink(missing_ok=True)  # uncommitted: never loaded
-        return (f"dsim: the async save of {p.name} (global step {p.step}) was still being written: abandoned, "
-                f"not committed ({why})")
+        return f"dsim: the async save of {p.name} (global step {p.step}) was in flight: abandoned, not committed ({why})"
 
     def _conclude(self, cb, p, error, storage, written):
         """Every rank's outcome gathered; all files durable: rank 0 commits; else the failure policy."""
