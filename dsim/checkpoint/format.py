@@ -90,6 +90,27 @@ def _leaves(key: str, value):
         yield key, value
 
 
+_STR = h5py.string_dtype()
+
+
+def _set_attrs(obj, attrs: dict) -> None:
+    """Create the attributes of a new object (ints, int tuples, bools, strings) as h5py's attrs[...] = value
+    would, with the low-level calls only: a checkpoint has hundreds, and h5py's checks cost more than HDF5."""
+    for name, value in attrs.items():
+        if isinstance(value, str):
+            data = np.array(value, dtype=_STR)
+        elif isinstance(value, (bool, np.bool_)):
+            data = np.array(bool(value))
+        else:
+            data = np.asarray(value, dtype=np.int64)
+        htype = h5py.h5t.py_create(data.dtype, logical=True)
+        attr = h5py.h5a.create(obj.id, name.encode(), htype, h5py.h5s.create_simple(data.shape))
+        try:
+            attr.write(data, mtype=h5py.h5t.py_create(data.dtype))
+        finally:
+            attr.close()
+
+
 def datasets_of(f) -> dict:
     """(kind, name) -> (dataset, its attributes as plain values) of every dataset of an open checkpoint file,
     each attribute read once (the metadata checks and the tensors share them)."""
@@ -277,7 +298,7 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
             for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
                 attrs = dict(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
                              split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
-                ds.attrs.update(attrs)
+                _set_attrs(ds, attrs)
                 datasets[t.kind, t.name] = ds, attrs
                 if on_half_written is not None and i == len(tensors) // 2:
                     f.flush()
