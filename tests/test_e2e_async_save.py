@@ -49,3 +49,20 @@ def test_a_kill_during_an_async_save_abandons_it_and_the_last_gasp_saves(ft_refe
     assert "(global step 14: epoch 2 step 4)" in proc.stdout
     assert FT_LOSS.findall(proc.stdout) == ref_losses[14:]
     final_state_equal(ref_ckpt, ckpt)
+
+
+def test_a_kill_during_an_async_save_is_healed_and_the_save_redone(ft_reference, tmp_path):
+    """tft.arf: rank 0 dies half-way through its background write of step 14; the survivors abandon that
+    save, spawn a new rank 0, go back to step 14, save it again and train on, bit-identically."""
+    from ftjob import OPTS, final_state_equal
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    args = ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true", "--set", "checkpoint.async_save=true",
+            "--set", "fault.kind=kill", "--set", "fault.rank=0", "--set", "fault.at=save", "--set", "fault.step=14"]
+    proc = mpirun(8, args, cwd=tmp_path, check=0, ft=True)
+    assert "world size back to 8; training goes on after step 14" in proc.stdout, proc.stdout
+    assert ("dsim: the async save of network-2_4 (global step 14) was in flight: abandoned, not committed "
+            "(an in-job repair took over)") in proc.stdout
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == [
+        "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]  # step 14 saved again, committed
+    final_state_equal(ref_ckpt, ckpt, "network-2_10")

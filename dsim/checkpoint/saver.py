@@ -240,8 +240,10 @@ class ModelCheckpoint(Callback):
         An async save still in flight is abandoned first (the job it was started in is gone)."""
         cb = run_context.original_args()
         note = self.abandon("an in-job repair took over")
-        if note and cb.rank == 0:
-            say(note)
+        # every rank of the repaired world is here (a replacement too, which had no save in flight): rank 0 says it
+        notes = [n for n in cb.model.groups.world.allgather(note) if n]
+        if notes and cb.rank == 0:
+            say(notes[0])
         steps, epochs = self.config.save_checkpoint_steps, self.config.save_checkpoint_epochs
         due = (steps and cb.cur_step_num % steps == 0) or (
             epochs and cb.cur_step_num % cb.batch_num == 0 and cb.cur_epoch_num % epochs == 0)
