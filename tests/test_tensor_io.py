@@ -150,3 +150,12 @@ def test_background_write_reports_errors_and_can_be_abandoned(tmp_path):
     result, error = w.abandon()
     assert result is None and isinstance(error, Abandoned)
     assert not list(tmp_path.glob("y.h5*"))  # nothing left: not the file, not its temporary
+
+
+def test_the_fast_crc32_is_zlibs():
+    import zlib
+
+    from dsim.checkpoint import tensor_io
+    data = np.random.default_rng(1).integers(0, 256, 3 * CHUNK + 11, dtype=np.uint8).tobytes()
+    assert tensor_io.crc32(data) == zlib.crc32(data)
+    assert tensor_io.crc32(data[7:], tensor_io.crc32(data[:7])) == zlib.crc32(data)

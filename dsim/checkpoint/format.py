@@ -41,7 +41,7 @@ META_ATTR = "meta_crc32"   # the metadata checksum table (format 2); not part of
 
 def crc32(arr: np.ndarray) -> int:
     """CRC-32 of an array's bytes (C order)."""
-    return zlib.crc32(tensor_io.byte_view(np.ascontiguousarray(arr)))
+    return tensor_io.crc32(tensor_io.byte_view(np.ascontiguousarray(arr)))
 
 
 @dataclass

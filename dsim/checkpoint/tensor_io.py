@@ -12,10 +12,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import zlib
 
 import h5py
 import numpy as np
+
+try:  # ISA-L's CRC-32 is zlib's (the same polynomial and values), 3-4x faster on CPUs with carry-less multiply
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same values, slower
+    from zlib import crc32
 
 CHUNK = 1 << 21  # 2 MiB: large enough for few system calls, small enough to stay in cache for the CRC
 WRITEBACK = 1 << 24  # start the disk writing every 16 MiB, while the next bytes are copied and checksummed
@@ -64,7 +68,7 @@ def write_at(fd: int, arr: np.ndarray, offset: int) -> int:
         n = 0
         while n < len(chunk):
             n += os.pwrite(fd, chunk[n:], offset + done + n)
-        crc = zlib.crc32(chunk, crc)
+        crc = crc32(chunk, crc)
         done += len(chunk)
         if done - flushed >= WRITEBACK or done == len(view):
             start_writeback(fd, offset + flushed, done - flushed)
@@ -92,7 +96,7 @@ def read_at(fd: int, out: np.ndarray, offset: int) -> int:
             if got == 0:
                 raise EOFError(f"the file ends before byte {offset + done + n + 1} of a tensor")
             n += got
-        crc = zlib.crc32(chunk, crc)
+        crc = crc32(chunk, crc)
         done += len(chunk)
     return crc
 
