@@ -361,9 +361,11 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
                 raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
             meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
-            for (kind, name), (ds, a) in datasets.items():
+            offsets = {key: tensor_io.raw_offset(ds) for key, (ds, _) in datasets.items() if key[0] != "append_info"}
+            in_file_order = sorted(datasets.items(), key=lambda item: offsets.get(item[0]) or 0)
+            for (kind, name), (ds, a) in in_file_order:  # the disk reads sequentially
                 if kind != "append_info":
-                    data, crc = _read_tensor(fd, ds, (into or {}).get(name), verify)
+                    data, crc = _read_tensor(fd, ds, offsets[kind, name], (into or {}).get(name), verify)
                     if verify and crc != int(a["crc32"]):
                         if damaged is None:
                             raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
@@ -387,12 +389,11 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
             os.close(fd)
 
 
-def _read_tensor(fd: int, ds, target, verify: bool) -> tuple:
-    """(array, CRC-32 or None) of a dataset: read in place by offset when it is laid out contiguously
-    (into target when that fits, else a new array), through h5py otherwise (old and foreign files)."""
+def _read_tensor(fd: int, ds, offset, target, verify: bool) -> tuple:
+    """(array, CRC-32 or None) of a dataset: read in place at offset when it is laid out contiguously
+    (into target when that fits, else a new array), through h5py otherwise (offset None: old and foreign files)."""
     fits = (target is not None and target.shape == ds.shape and target.dtype == ds.dtype
             and target.flags.c_contiguous and target.flags.writeable)
-    offset = tensor_io.raw_offset(ds)
     if offset is None:
         data = ds[()] if not fits else target
         if fits:
