@@ -17,7 +17,7 @@ TITLE = "Training overhead of checkpointing every k steps (default run, dp2 x mp
 # Steps per variant: 100 with k=100 (one save), fewer elsewhere: a per-step time settles within tens of
 # steps (k=1 saves at every step: 9 measured steps hold 9 saves; k=10: 29 steps, 3 saves).
 PLAN = {"none": 50, 1: 10, 10: 30, "a10": 30, 100: 100}
-SIZES = {"full": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 1800, "overrides": []},
+SIZES = {"full": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 2700, "overrides": []},
          "quick": {"ranks": 8, "plan": {"none": 30, 1: 10, 10: 30, "a10": 30, 100: 100}, "repeats": 3, "timeout": 900,
                    "overrides": ["model.hidden=[128,1024,1024,128]"]},
          "toy": {"ranks": 2, "plan": {"none": 6, 1: 6, 10: 6, "a10": 6, 100: 6}, "repeats": 3, "timeout": 180,
