@@ -1,10 +1,14 @@
-"""Training overhead of checkpointing every k steps (k = 1, 10, 100) against no checkpoints.
+"""Training overhead of checkpointing every k steps (k = 1, 10, 100; and async every 10) against no checkpoints.
 
 Launches bench.training_ranks under mpirun (one job: every repeat and variant inside it) on the default
 run (configs/default.yaml: dp2 x mp4, the seeds' 32M-parameter Network, a 487 MiB checkpoint) and
-reports, per repeat, time per step with checkpoints / time per step without.
+reports, per repeat, time per step with checkpoints / time per step without; how long the saving step
+stalls with async saves against a synchronous save's time (target <= 0.10x); and each rank's peak resident
+memory beside the bytes of its parameters, gradients and optimizer state (a save should add <= 0.5x of it).
 """
 from __future__ import annotations
+
+import statistics
 
 from .harness import ROOT, row, run_worker
 
@@ -12,11 +16,11 @@ NAME = "training"
 TITLE = "Training overhead of checkpointing every k steps (default run, dp2 x mp4)"
 # Steps per variant: 100 with k=100 (one save), fewer elsewhere: a per-step time settles within tens of
 # steps (k=1 saves at every step: 9 measured steps hold 9 saves; k=10: 29 steps, 3 saves).
-PLAN = {"none": 50, 1: 10, 10: 30, 100: 100}
-SIZES = {"full": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 1800, "overrides": []},
-         "quick": {"ranks": 8, "plan": {"none": 30, 1: 10, 10: 30, 100: 100}, "repeats": 3, "timeout": 900,
+PLAN = {"none": 50, 1: 10, 10: 30, "a10": 30, 100: 100}
+SIZES = {"full": {"ranks": 8, "plan": PLAN, "repeats": 3, "timeout": 2700, "overrides": []},
+         "quick": {"ranks": 8, "plan": {"none": 30, 1: 10, 10: 30, "a10": 30, 100: 100}, "repeats": 3, "timeout": 900,
                    "overrides": ["model.hidden=[128,1024,1024,128]"]},
-         "toy": {"ranks": 2, "plan": {"none": 6, 1: 6, 10: 6, 100: 6}, "repeats": 3, "timeout": 180,
+         "toy": {"ranks": 2, "plan": {"none": 6, 1: 6, 10: 6, "a10": 6, 100: 6}, "repeats": 3, "timeout": 180,
                  "overrides": ["model.hidden=[16,32,32,16]", "parallel.data_parallel=1", "parallel.model_parallel=2"]}}
 
 
@@ -28,6 +32,13 @@ def run(params: dict, workdir, opts) -> dict:
     return summarize(params, run_worker(NAME, "bench.training_ranks", params, workdir, opts, args_in))
 
 
+def _label(k) -> str:
+    return f"async k={k[1:]}" if isinstance(k, str) and k.startswith("a") else f"k={k}"
+
+
+STALL_TARGET, SAVE_MEMORY_TARGET = 0.10, 0.5
+
+
 def summarize(params: dict, raw: dict) -> dict:
     reps = raw["repeats"]
     base = [r["variants"]["none"]["step_s"] for r in reps]
@@ -35,18 +46,48 @@ def summarize(params: dict, raw: dict) -> dict:
                 [1000 * b for b in base], "ms")]
     figures = {"none_step_s": base}
     for k in [k for k in params["plan"] if k != "none"]:
-        label = f"k={k}"
+        label = _label(k)
         v0 = reps[0]["variants"][label]
         ratios = [r["variants"][label]["step_s"] / r["variants"]["none"]["step_s"] for r in reps]
         figures[f"{label}_step_s"] = [r["variants"][label]["step_s"] for r in reps]
         figures[f"{label}_over_none"] = ratios
-        rows.append(row(f"time per step, checkpoint every {k} step(s) / none ({v0['steps']} steps, {v0['saves']} saves)",
+        what = f"async checkpoint every {k[1:]}" if label.startswith("async") else f"checkpoint every {k}"
+        rows.append(row(f"time per step, {what} step(s) / none ({v0['steps']} steps, {v0['saves']} saves)",
                         ratios, "x"))
+    if "a10" in params["plan"] and 10 in params["plan"] and "stall_s" in reps[0]["variants"]["k=10"]:
+        stalls = [r["variants"]["async k=10"]["stall_s"] / r["variants"]["k=10"]["stall_s"] for r in reps]
+        figures["async_stall_over_sync_save"] = stalls
+        rows.append(row("the saving step's stall, async / a synchronous save (every 10 steps; median save, slowest rank)",
+                        stalls, "x", f"<= {STALL_TARGET}x", statistics.median(stalls) <= STALL_TARGET))
+        rows += memory_rows(reps, figures)
     return {"params": params, "figures": figures, "repeats": reps, "rows": rows}
+
+
+def memory_rows(reps, figures) -> list:
+    """Peak RSS (largest rank) per variant beside parameters + gradients + optimizer state, and what saving adds."""
+    def per(label, key):
+        return [max(r["variants"][label][key]) for r in reps]
+    state = per("none", "state_bytes")
+    rows = [row("bytes of parameters + gradients + optimizer state (largest rank)", state, "B")]
+    for label, what in (("none", "no checkpoints"), ("k=10", "sync saves every 10 steps"),
+                        ("async k=10", "async saves every 10 steps")):
+        ratio = [rss / s for rss, s in zip(per(label, "peak_rss_bytes"), state)]
+        figures[f"{label}_peak_rss_over_state"] = ratio
+        rows.append(row(f"peak RSS / that, {what}", ratio, "x"))
+    for label, what in (("k=10", "a synchronous save"), ("async k=10", "an async save")):
+        added = [(a - b) / s for a, b, s in zip(per(label, "peak_rss_bytes"), per("none", "peak_rss_bytes"), state)]
+        figures[f"{label}_added_rss_over_state"] = added
+        note = ""
+        if label.startswith("async"):
+            snap = per(label, "snapshot_bytes")[0] / state[0]
+            note = f"its snapshot buffer alone is {snap:.2f}x: one copy of parameters and optimizer state"
+        rows.append(row(f"peak RSS added by {what} / that", added, "x", f"<= {SAVE_MEMORY_TARGET}x",
+                        statistics.median(added) <= SAVE_MEMORY_TARGET, note))
+    return rows
 
 
 def rows_again(suite: dict) -> list:
     """Rows of a stored result (python -m bench --retable)."""
-    params = {**suite["params"], "plan": {("none" if k == "none" else int(k)): v
+    params = {**suite["params"], "plan": {(k if k == "none" or k.startswith("a") else int(k)): v
                                           for k, v in suite["params"]["plan"].items()}}
     return summarize(params, {"repeats": suite["repeats"]})["rows"]

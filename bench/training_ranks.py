@@ -1,20 +1,25 @@
 """Training with and without checkpoints on every rank, in one job: the time per step of each.
 
-    $ mpirun -n 8 python -m bench.training_ranks --plan none=50,1=10,10=30,100=100 --repeats 3 --dir /tmp/b --out r.json
+    $ mpirun -n 8 python -m bench.training_ranks --plan none=50,1=10,10=30,a10=30,100=100 --repeats 3 --dir /tmp/b --out r.json
 
 For every repeat, in a rotating order, each variant builds a fresh run from the config (default:
 configs/default.yaml, dp2 x mp4, 32M parameters) and trains it as `python -m dsim.train` does, with the
 standard callbacks (checkpoints every k steps through ModelCheckpoint, keep_checkpoint_max as configured;
 or checkpoints disabled). A last callback stamps the end of every step on rank 0; the time per step is
-(end of the last step - end of the first step) / (steps - 1): build time and the first step's warm-up
+(end of training - end of the first step) / (steps - 1): build time and the first step's warm-up
 are left out, every save after the first step is in. --plan gives the steps of each variant: fewer for
-small k, whose per-step figure settles sooner, at least k for every k so that it saves every k steps.
+small k, whose per-step figure settles sooner, at least k for every k so that it saves every k steps;
+aK is every K steps with checkpoint.async_save. Per variant it also records how long each save held up its
+step (ModelCheckpoint.stalls: a synchronous save's whole time, an async save's snapshot) and the peak
+resident memory of each rank (VmHWM, reset before the variant through /proc/self/clear_refs) beside the
+bytes of its parameters, gradients and optimizer state.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -29,49 +34,94 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class StepClock(Callback):
-    """perf_counter at the end of every step (after the checkpoint callback has saved)."""
+    """perf_counter at the end of every step (after the checkpoint callback has saved), and at the end of
+    training (after an async save still in flight was waited for)."""
 
     def __init__(self):
         self.ends = []
+        self.finished = None
 
     def step_end(self, run_context):
         self.ends.append(time.perf_counter())
 
+    def end(self, run_context):
+        self.finished = time.perf_counter()
+
 
 def variants(plan: str):
-    """[(label, k or None, steps)] from "none=100,1=20,...": no checkpoints, then every k steps."""
+    """[(label, k or None, steps, async)] from "none=100,1=20,a10=30...": no checkpoints, then every k steps
+    (aK: async saves every K steps)."""
     out = []
     for item in plan.split(","):
         k, steps = item.split("=")
-        out.append(("none", None, int(steps)) if k == "none" else (f"k={int(k)}", int(k), int(steps)))
+        if k == "none":
+            out.append(("none", None, int(steps), False))
+        elif k.startswith("a"):
+            out.append((f"async k={int(k[1:])}", int(k[1:]), int(steps), True))
+        else:
+            out.append((f"k={int(k)}", int(k), int(steps), False))
     return out
 
 
-def train_once(comm, config, overrides, label, k, steps, d: Path) -> dict:
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (VmHWM) to its current size (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    """Peak resident set size (VmHWM) of this process in bytes."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def state_bytes(run) -> int:
+    """Bytes of this rank's parameters, gradients and optimizer state."""
+    params = run.network.trainable_params()
+    return (sum(p.data.nbytes + (p.grad.nbytes if p.grad is not None else 0) for p in params)
+            + sum(arr.nbytes for _, _, arr in run.optimizer.state_items()))
+
+
+def train_once(comm, config, overrides, label, k, steps, d: Path, async_save=False) -> dict:
     ckpt = ["checkpoint.enabled=false"] if k is None else [
         "checkpoint.enabled=true", f"checkpoint.save_checkpoint_steps={k}", "checkpoint.save_checkpoint_epochs=null",
-        f"checkpoint.directory={d / 'checkpoints'}"]
+        f"checkpoint.directory={d / 'checkpoints'}", f"checkpoint.async_save={str(async_save).lower()}"]
     cfg = load_config(config, [*overrides, "train.epochs=1", f"train.steps_per_epoch={steps}",
                                f"data.num_samples={steps * 32}", "data.batch_size=32", "output.progress_bar=false",
                                f"output.loss_every={steps}", f"output.dir={d}", *ckpt])
+    reset = reset_peak_rss()
     run = build_run(cfg, comm)
     clock = StepClock()
     callbacks = run.callbacks([clock])  # what run.train() uses, plus the clock last
     comm.Barrier()
     run.model.train(cfg.train.epochs, run.loader, callbacks)
     comm.Barrier()
-    saves = sum(len(c.saved) for c in callbacks if isinstance(c, ModelCheckpoint))
+    savers = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
+    saves = sum(len(c.saved) for c in savers)
+    stalls = [s for c in savers for s in c.stalls]
+    stall = comm.allreduce(statistics.median(stalls) if stalls else 0.0, op=MPI.MAX)
+    rss, state = comm.allgather(peak_rss()), comm.allgather(state_bytes(run))
+    snapshot = comm.allgather(sum(c.snapshot.bytes() for c in savers))
     run.groups.free()
     ends = clock.ends
-    return {"steps": len(ends), "saves": saves, "step_s": (ends[-1] - ends[0]) / (len(ends) - 1)}
+    return {"steps": len(ends), "saves": saves, "step_s": (clock.finished - ends[0]) / (len(ends) - 1),
+            "stall_s": stall, "peak_rss_bytes": rss, "state_bytes": state, "snapshot_bytes": snapshot,
+            "peak_reset": reset}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.training_ranks", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--plan", default="none=50,1=10,10=30,100=100",
-                    help="variants and their steps: none=N (no checkpoints), K=N (every K steps)")
+    ap.add_argument("--plan", default="none=50,1=10,10=30,a10=30,100=100",
+                    help="variants and their steps: none=N (no checkpoints), K=N (every K steps), aK=N (async)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
@@ -83,14 +133,16 @@ def main(argv=None):
     for rep in range(args.repeats):
         order = todo[rep % len(todo):] + todo[:rep % len(todo)]
         out = {"order": [v[0] for v in order], "variants": {}}
-        for label, k, steps in order:
-            d = base / f"repeat_{rep}" / label.replace("=", "")
-            out["variants"][label] = {"k": k, **train_once(comm, args.config, args.overrides, label, k, steps, d)}
+        for label, k, steps, async_save in order:
+            d = base / f"repeat_{rep}" / label.replace("=", "").replace(" ", "_")
+            out["variants"][label] = {"k": k, "async": async_save,
+                                      **train_once(comm, args.config, args.overrides, label, k, steps, d, async_save)}
             if comm.rank == 0:
                 shutil.rmtree(d, ignore_errors=True)
                 v = out["variants"][label]
                 print(f"repeat {rep + 1}/{args.repeats} {label}: {v['steps']} steps, {v['saves']} saves, "
-                      f"{1000 * v['step_s']:.1f} ms/step", flush=True)
+                      f"{1000 * v['step_s']:.1f} ms/step, stall {1000 * v['stall_s']:.1f} ms, peak RSS "
+                      f"{max(v['peak_rss_bytes']) / 2**20:.0f} MiB", flush=True)
             comm.Barrier()
         repeats.append(out)
     if comm.rank == 0:

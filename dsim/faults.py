@@ -123,6 +123,11 @@ def during_last_gasp(rank: int, global_step: int) -> None:
 POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "commit")
 
 
+def armed(point: str) -> bool:
+    """Whether a fault is set to strike at this point (e.g. "save": the saver then stops half-way to let it)."""
+    return _armed is not None and _armed.at == point
+
+
 def at_point(point: str, global_step: int) -> None:
     """Called where a fault may strike inside a step (forward, allreduce, update) or a save (save, commit)."""
     f = _armed

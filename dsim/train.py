@@ -151,7 +151,10 @@ def _train(run, step: int, joining) -> int:
 
 def on_process_failure(run, noticed_at: float, error) -> int:
     """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
+    from .checkpoint.saver import abandon_in_flight
     from .ft import last_gasp
+    note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
+                             else "a rank failed")
     try:
         out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run)
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
@@ -160,6 +163,8 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     if not out.failed and not out.damaged:  # every rank is alive and whole: an MPI error of another kind
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
+        if note:
+            print(note, file=sys.stderr, flush=True)
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
     return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
 

@@ -202,6 +202,26 @@ def test_disk_full_with_stop_is_one_line_and_the_previous_checkpoint_stays_lates
         assert verified.returncode == 0 and f"{ckpt}: clean" in verified.stdout, verified.stdout
 
 
+def test_disk_full_during_an_async_save_is_the_same_one_line(reference, tmp_path):
+    """The background write fails; a later step end reports it as a synchronous save would, and stops."""
+    disk = tmp_path / "disk"
+    with tmpfs(disk, "16m"):
+        fill(disk, int(1.5 * checkpoint_bytes(reference)) + 256 * 1024)
+        ckpt = disk / "ckpt"
+        proc = mpirun(8, [*RUN, "--set", f"checkpoint.directory={ckpt}", "--set", "checkpoint.async_save=true"],
+                      cwd=tmp_path, timeout=120)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: ")]
+        assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+        assert re.match(rf"dsim: error: checkpoint network-2_4 \(global step 14\) not saved in {re.escape(str(ckpt))}: "
+                        r"its files could not be written: No space left on device on rank\(s\) [-, 0-9]+ ", errors[0])
+        assert errors[0].endswith("the latest checkpoint is still network-1_7"), errors[0]
+        assert "Traceback" not in proc.stderr + proc.stdout
+        losses = LOSS.findall(proc.stdout)  # training went on while the files were written, until the failure was known
+        assert 14 <= len(losses) <= 20 and losses == reference[0][:len(losses)]
+        assert not list(ckpt.rglob("*.tmp")) and not list(ckpt.glob("rank_*/network-2_4.h5*"))
+        assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_7.commit"]
+
+
 def test_disk_full_with_continue_warns_and_later_saves_succeed(reference, tmp_path):
     disk = tmp_path / "disk"
     with tmpfs(disk, "16m"):

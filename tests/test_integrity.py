@@ -188,6 +188,13 @@ def test_read_only_directory_is_one_line_before_training(tmp_path):
     assert not list((tmp_path / "new" / "dir").iterdir())
 
 
+def test_async_save_config():
+    assert load_config(None).checkpoint.async_save is False
+    assert load_config(None, ["checkpoint.async_save=true"]).checkpoint.async_save is True
+    with pytest.raises(ConfigError, match="checkpoint.async_save must be bool"):
+        load_config(None, ["checkpoint.async_save=sometimes"])
+
+
 def test_on_save_error_config():
     assert load_config(None).checkpoint.on_save_error == "stop"
     assert load_config(None, ["checkpoint.on_save_error=continue"]).checkpoint.on_save_error == "continue"

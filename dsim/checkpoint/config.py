@@ -12,13 +12,15 @@ from .errors import CheckpointError
 @dataclass
 class CheckpointConfig:
     """save_checkpoint_steps / save_checkpoint_epochs (one of them), keep_checkpoint_max, integrated_save,
-    append_info: ["epoch_num", "step_num", {str: int | float | bool | str | array}]."""
+    append_info: ["epoch_num", "step_num", {str: int | float | bool | str | array}], async_save (write the
+    files in a background thread from a snapshot; commit once every rank's file is durable)."""
 
     save_checkpoint_steps: Optional[int] = None
     save_checkpoint_epochs: Optional[int] = None
     keep_checkpoint_max: int = 5
     integrated_save: bool = False
     append_info: list = field(default_factory=list)
+    async_save: bool = False
 
     def __post_init__(self):
         if self.save_checkpoint_steps is None and self.save_checkpoint_epochs is None:
@@ -29,6 +31,8 @@ class CheckpointConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise CheckpointError(f"checkpoint: {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.async_save, bool):
+            raise CheckpointError(f"checkpoint: async_save must be true or false, got {self.async_save!r}")
         for item in self.append_info:
             if isinstance(item, dict):
                 for key, value in item.items():

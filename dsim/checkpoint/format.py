@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 
 from ..parallel.layout import Slice
+from . import tensor_io
 from .errors import CheckpointError
 
 FORMAT, VERSION = "dsim-checkpoint", 2
@@ -40,7 +41,7 @@ META_ATTR = "meta_crc32"   # the metadata checksum table (format 2); not part of
 
 def crc32(arr: np.ndarray) -> int:
     """CRC-32 of an array's bytes (C order)."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    return tensor_io.crc32(tensor_io.byte_view(np.ascontiguousarray(arr)))
 
 
 @dataclass
@@ -89,8 +90,43 @@ def _leaves(key: str, value):
         yield key, value
 
 
-def meta_table(f) -> dict:
-    """item -> CRC-32 of everything in an open checkpoint file but the tensor data (see the module doc)."""
+_STR = h5py.string_dtype()
+
+
+def _set_attrs(obj, attrs: dict) -> None:
+    """Create the attributes of a new object (ints, int tuples, bools, strings) as h5py's attrs[...] = value
+    would, with the low-level calls only: a checkpoint has hundreds, and h5py's checks cost more than HDF5."""
+    for name, value in attrs.items():
+        if isinstance(value, str):
+            data = np.array(value, dtype=_STR)
+        elif isinstance(value, (bool, np.bool_)):
+            data = np.array(bool(value))
+        else:
+            data = np.asarray(value, dtype=np.int64)
+        htype = h5py.h5t.py_create(data.dtype, logical=True)
+        attr = h5py.h5a.create(obj.id, name.encode(), htype, h5py.h5s.create_simple(data.shape))
+        try:
+            attr.write(data, mtype=h5py.h5t.py_create(data.dtype))
+        finally:
+            attr.close()
+
+
+def datasets_of(f) -> dict:
+    """(kind, name) -> (dataset, its attributes as plain values) of every dataset of an open checkpoint file,
+    each attribute read once (the metadata checks and the tensors share them)."""
+    out = {}
+    for kind in ("params", "optimizer", "append_info"):
+        group = f.get(kind)
+        for name, ds in (group.items() if isinstance(group, h5py.Group) else ()):
+            out[kind, name] = ds, {k: _plain(v) for k, v in ds.attrs.items()}
+    return out
+
+
+def meta_table(f, datasets: dict = None) -> dict:
+    """item -> CRC-32 of everything in an open checkpoint file but the tensor data (see the module doc).
+
+    datasets: datasets_of(f), when already read.
+    """
     table = {}
     for key in sorted(f.attrs):
         if key == META_ATTR:
@@ -104,13 +140,11 @@ def meta_table(f) -> dict:
             table.update((k, _crc_item(k, v)) for k, v in _leaves(key, raw))
         else:
             table[key] = _crc_item(key, raw)
-    for kind in ("params", "optimizer", "append_info"):
-        group = f.get(kind)
-        for name, ds in (group.items() if isinstance(group, h5py.Group) else ()):
-            item = {"dtype": str(ds.dtype), "shape": list(ds.shape), **{k: _plain(v) for k, v in ds.attrs.items()}}
-            if kind == "append_info":
-                item["value"] = _plain(ds[()])
-            table[f"{kind}/{name}"] = _crc_item(f"{kind}/{name}", item)
+    for (kind, name), (ds, attrs) in (datasets_of(f) if datasets is None else datasets).items():
+        item = {"dtype": str(ds.dtype), "shape": list(ds.shape), **attrs}
+        if kind == "append_info":
+            item["value"] = _plain(ds[()])
+        table[f"{kind}/{name}"] = _crc_item(f"{kind}/{name}", item)
     return table
 
 
@@ -119,13 +153,13 @@ def content_digest(table: dict) -> str:
     return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()
 
 
-def check_meta(f) -> tuple:
+def check_meta(f, datasets: dict = None) -> tuple:
     """(table, what differed, checked) for an open checkpoint file.
 
     What differed lists the items whose checksum no longer matches (empty when all match); checked is
     False for a format 1 file, which carries no table.
     """
-    table, stored = meta_table(f), f.attrs.get(META_ATTR)
+    table, stored = meta_table(f, datasets), f.attrs.get(META_ATTR)
     if stored is None:
         version = _plain(f.attrs.get("format_version", 1))
         return table, (["meta_crc32 (the metadata checksums are missing)"] if version != 1 else []), version != 1
@@ -180,6 +214,25 @@ class _Sink(io.RawIOBase):
         self.size = max(self.size, self.pos)
         return len(view)
 
+    def write_tensor(self, ds, data: np.ndarray) -> int:
+        """Put an array's bytes in place of its dataset (allocated early); returns their CRC-32.
+
+        After an error nothing more is written (the CRC is still computed, so the file stays consistent
+        for HDF5 until write_file raises the error).
+        """
+        offset = tensor_io.raw_offset(ds)
+        if offset is None:  # not laid out as asked (an empty dataset): HDF5 writes it, through this sink
+            if data.size:
+                ds.write_direct(data)
+            return crc32(data)
+        if self.error is not None:
+            return crc32(data)
+        try:
+            return tensor_io.write_at(self.fd, data, offset)
+        except OSError as e:
+            self.error = e
+            return crc32(data)
+
     def readinto(self, b):
         n = os.preadv(self.fd, [b], self.pos) if self.error is None else 0
         self.pos += n
@@ -214,9 +267,13 @@ def fsync_path(path) -> None:
         os.close(fd)
 
 
-def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None) -> Written:
+def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None, after_each=None) -> Written:
     """Write a checkpoint file via a temporary name, fsync it, rename it into place; returns (size, digest).
 
+    on_half_written() is called once half of the tensors are in the file (fault injection); after_each()
+    after every tensor (an async save's thread stops there when abandoned: what it raises ends the write).
+    Every tensor's dataset is allocated when the file is created, and its bytes go straight from the array
+    to their place in the file (tensor_io), with the CRC-32 computed on the way.
     Any failure (disk full, quota, read-only, permission) removes the temporary and raises one OSError
     naming the file; nothing is left behind.
     """
@@ -232,16 +289,27 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
             for key, value in meta.items():
                 if key != META_ATTR:
                     f.attrs[key] = json.dumps(value) if key in JSON_ATTRS else value
-            for i, t in enumerate(tensors):
-                ds = f.create_dataset(f"{t.kind}/{t.name}", data=t.data)
-                ds.attrs.update(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
-                                split=t.split, opt_sharded=t.opt_sharded, crc32=crc32(t.data))
+            placed = []
+            for t in tensors:
+                data = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+                placed.append((f.create_dataset(f"{t.kind}/{t.name}", shape=data.shape, dtype=data.dtype,
+                                                dcpl=tensor_io.early_dcpl()), data))
+            datasets = {}  # what the checksum table covers, from memory: no second pass over the file
+            for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
+                attrs = dict(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
+                             split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
+                _set_attrs(ds, attrs)
+                datasets[t.kind, t.name] = ds, attrs
                 if on_half_written is not None and i == len(tensors) // 2:
                     f.flush()
                     on_half_written()
+                if after_each is not None:
+                    after_each()
             for key, value in append_info.items():
                 f.create_dataset(f"append_info/{key}", data=value)
-            table = meta_table(f)
+            if append_info:
+                datasets.update((k, v) for k, v in datasets_of(f).items() if k[0] == "append_info")
+            table = meta_table(f, datasets)
             f.attrs[META_ATTR] = json.dumps(table, sort_keys=True)
         if sink.error is not None:
             raise sink.error
@@ -262,12 +330,15 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
         raise
 
 
-def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
+def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Shard:
     """Read a checkpoint file; raises CheckpointError with one line if it is missing, foreign, truncated or corrupt.
 
     verify: every tensor's CRC-32 and the metadata checksums (format 2) must match; a mismatch names the item.
     With a list as `damaged`, a tensor whose data does not match its checksum is left out and `<kind>/<name>`
     appended there instead of raising (recovery then takes just that tensor from another holder).
+    into: name -> array (C-contiguous, writable) where a tensor of that shape and dtype is read, e.g. the
+    model's and optimizer's own arrays, so loading allocates and copies nothing; the Shard's tensor then
+    is that array. A tensor whose checksum fails has still been read into it: the caller replaces it.
     """
     path = Path(path)
     if not path.is_file():
@@ -277,20 +348,25 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
     except Exception:
         kind = "truncated or corrupt HDF5 file" if _has_hdf5_signature(path) else "not an HDF5 file"
         raise CheckpointError(f"cannot read checkpoint {path}: {kind}") from None
+    fd = None
     try:
         with f:
+            fd = os.open(path, os.O_RDONLY)
+            tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)  # the disk reads on while the metadata is checked
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
-            table, differ, checked = check_meta(f)
+            datasets = datasets_of(f)
+            table, differ, checked = check_meta(f, datasets)
             if verify and differ:
                 raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
             meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
-            for kind in ("params", "optimizer"):
-                for name, ds in f.get(kind, {}).items():
-                    data = ds[()]
-                    a = ds.attrs
-                    if verify and crc32(data) != int(a["crc32"]):
+            offsets = {key: tensor_io.raw_offset(ds) for key, (ds, _) in datasets.items() if key[0] != "append_info"}
+            in_file_order = sorted(datasets.items(), key=lambda item: offsets.get(item[0]) or 0)
+            for (kind, name), (ds, a) in in_file_order:  # the disk reads sequentially
+                if kind != "append_info":
+                    data, crc = _read_tensor(fd, ds, offsets[kind, name], (into or {}).get(name), verify)
+                    if verify and crc != int(a["crc32"]):
                         if damaged is None:
                             raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
                         damaged.append(f"{kind}/{name}")
@@ -299,13 +375,32 @@ def read_file(path, verify: bool = True, damaged: list = None) -> Shard:
                                                  Slice(tuple(int(x) for x in a["offsets"]),
                                                        tuple(int(x) for x in a["extents"])),
                                                  data, str(a["split"]), bool(a["opt_sharded"]))
-            for key, ds in f.get("append_info", {}).items():
-                shard.append_info[key] = _plain(ds[()])
+                else:
+                    shard.append_info[name] = _plain(ds[()])
             return shard
     except CheckpointError:
         raise
+    except EOFError:
+        raise CheckpointError(f"cannot read checkpoint {path}: truncated or corrupt HDF5 file") from None
     except Exception as e:  # whatever a damaged file makes h5py raise: one line
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_tensor(fd: int, ds, offset, target, verify: bool) -> tuple:
+    """(array, CRC-32 or None) of a dataset: read in place at offset when it is laid out contiguously
+    (into target when that fits, else a new array), through h5py otherwise (offset None: old and foreign files)."""
+    fits = (target is not None and target.shape == ds.shape and target.dtype == ds.dtype
+            and target.flags.c_contiguous and target.flags.writeable)
+    if offset is None:
+        data = ds[()] if not fits else target
+        if fits:
+            ds.read_direct(target)
+        return data, (crc32(data) if verify else None)
+    data = target if fits else np.empty(ds.shape, ds.dtype)
+    return data, tensor_io.read_at(fd, data, offset)
 
 
 def _has_hdf5_signature(path) -> bool:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..engine.state import owned_pieces
 from ..parallel.groups import allgather_axis0
 from ..parallel.layout import Slice
 from . import commit as cm, record as rec
@@ -21,13 +22,20 @@ class ParamDict(dict):
     path = None
 
 
-def load_checkpoint(path, verify: bool = True) -> ParamDict:
+def load_checkpoint(path, verify: bool = True, into=None) -> ParamDict:
     """Read one checkpoint file into a dict of name -> array (MindSpore's load_checkpoint).
 
     Keys: parameter names (`layer2.weight`), optimizer state (`moment1.layer2.weight`), `global_step`,
     `learning_rate`, and the append_info values (`epoch_num`, `step_num`, user keys).
+    into: name -> existing array to read that tensor into (see format.read_file), e.g. live_arrays(run).
     """
-    return param_dict_of(read_file(path, verify=verify))
+    return param_dict_of(read_file(path, verify=verify, into=into))
+
+
+def live_arrays(run) -> dict:
+    """name -> the array a run trains in place, for every owned slice (parameters, optimizer state):
+    where a load reads straight into, so it allocates and copies nothing."""
+    return {name: arr for name, _, _, arr in owned_pieces(run.network, run.optimizer)}
 
 
 def param_dict_of(shard) -> ParamDict:
@@ -51,12 +59,19 @@ def _assign(name, target_owned, owned, value, global_shape, saved_slice=None):
         raise CheckpointError(f"{name}: checkpoint holds the slice at offsets {saved_slice.offsets} extents "
                               f"{saved_slice.extents}, this rank needs offsets {owned.offsets} extents {owned.extents}")
     if value.shape == tuple(owned.extents):
-        target_owned[...] = value
+        if not _same_memory(value, target_owned):  # read straight into it (live_arrays): nothing to copy
+            target_owned[...] = value
     elif value.shape == tuple(global_shape):
         target_owned[...] = value[owned.index]
     else:
         raise CheckpointError(f"{name}: checkpoint shape {value.shape} matches neither this rank's slice "
                               f"{tuple(owned.extents)} nor the global shape {tuple(global_shape)} of the built layout")
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are the same bytes seen the same way (e.g. two views made alike)."""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def load_param_into_net(net, param_dict) -> list:
@@ -143,7 +158,7 @@ def restore(run, path) -> ParamDict:
     """
     error, param_dict = None, None
     try:
-        param_dict = load_checkpoint(path)
+        param_dict = load_checkpoint(path, into=live_arrays(run))
     except CheckpointError as e:
         error = str(e)
     return load_into(run, param_dict, error)

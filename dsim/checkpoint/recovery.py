@@ -31,7 +31,7 @@ from . import commit as cm, record as rec
 from .errors import CheckpointError
 from .format import Shard, read_file, write_file
 from .group_info import group_info_as, replica_sets, tensor_holders, write_group_info
-from .loader import candidates, check_compatible, file_for, load_into, param_dict_of
+from .loader import candidates, check_compatible, file_for, live_arrays, load_into, param_dict_of
 
 TAG = 0x5EED
 
@@ -108,18 +108,18 @@ def expected_digest(comm, directory, record: dict) -> tuple:
     return comm.scatter(table, root=0), why
 
 
-def read_own(directory, record: dict, rank: int, digest: str = None):
+def read_own(directory, record: dict, rank: int, digest: str = None, into=None):
     """(shard, None, []) when rank's file of the committed checkpoint is whole and really rank's; (shard, why,
     damaged tensor names) when only some tensors' data is damaged; (None, why, None) when the file cannot be used.
 
     Whole: every checksum matches (tensors and metadata), its content digest is `digest` (the one the commit
     record names, when it has digests), and its scalar state (global step, epoch, data position, optimizer
-    step) is the record's.
+    step) is the record's. into: where to read the tensors (format.read_file), e.g. the run's live arrays.
     """
     path = file_for(directory, record, rank)
     damaged = []
     try:
-        shard = read_file(path, verify=True, damaged=damaged)
+        shard = read_file(path, verify=True, damaged=damaged, into=into)
     except CheckpointError as e:
         return None, str(e), None
     meta = shard.meta
@@ -217,7 +217,7 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
                          if i + 1 < len(records) else "")
                 log(f"dsim: recovery: checkpoint {record['name']} is not usable: {why}{after}")
             continue
-        shard, error, damaged = read_own(directory, record, rank, digest)
+        shard, error, damaged = read_own(directory, record, rank, digest, live_arrays(run))
         reports = comm.allgather((error, damaged))
         broken = {r: e for r, (e, _) in enumerate(reports) if e}
         damage = {r: (None if d is None else set(d)) for r, (e, d) in enumerate(reports) if e}

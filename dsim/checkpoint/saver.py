@@ -7,7 +7,9 @@ import shutil
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from ..parallel.layout import Slice
 from . import commit as cm
 from .config import CheckpointConfig
 from .errors import CheckpointError
+from .async_save import BackgroundWrite, Snapshot
 from .format import Tensor, write_file
 from .group_info import group_info, group_info_attr, write_group_info
 from .plan import GRAPH_META_FORMAT, commit_record, replica_sets_json, save_plan
@@ -134,6 +137,27 @@ def append_info(items, epoch: int, global_step: int) -> dict:
     return out
 
 
+@dataclass
+class _Pending:
+    """A save started and not yet committed: what its commit record needs, and its background writer."""
+
+    name: str
+    epoch: int
+    step_in_epoch: int
+    step: int
+    started: float
+    writer: Optional[BackgroundWrite] = None
+    error: tuple = (None, True)   # (error text, whether the storage failed) of what went wrong before the thread
+
+
+_active = None  # the ModelCheckpoint of this process's running training (abandon_in_flight)
+
+
+def abandon_in_flight(why: str):
+    """Abandon this process's async save in flight, if any (before a last gasp); returns the line to log or None."""
+    return _active.abandon(why) if _active is not None else None
+
+
 class ModelCheckpoint(Callback):
     """Save checkpoints into `directory` as `prefix-{epoch}_{step}` (MindSpore's callback).
 
@@ -152,14 +176,21 @@ class ModelCheckpoint(Callback):
         self.config = config or CheckpointConfig()
         self.group_info_file = group_info_file or os.environ.get("GROUP_INFO_FILE")
         self.prefix = None
-        self.last_saved_step = None
+        self.last_saved_step = None    # the step of the newest save committed or in flight
+        self.committed_step = None     # the step of the newest save committed
         self.last_failed_step = None   # a save refused by the storage (on_save_error: continue) is not retried at once
         self.saved = []
+        self.pending = None            # async_save: the save in flight (async_save._Pending), not yet committed
+        self.snapshot = Snapshot()     # async_save: the reused copy of the state the thread writes from
+        self.stalls = []               # seconds each save held up its step (sync: all of it; async: the snapshot)
+        self.rank = None
 
     # -- callback hooks ------------------------------------------------------------------------------
     def begin(self, run_context):
+        global _active
         cb = run_context.original_args()
         comm, layout = cb.model.groups.world, cb.model.groups.layout
+        self.rank, _active = cb.rank, self
         prefix = None
         if cb.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -186,21 +217,34 @@ class ModelCheckpoint(Callback):
         if failed:
             raise SaveError(f"cannot write to the checkpoint directory {self.directory}: "
                             + self._summary(failed) + f" ({free_space(self.directory)})")
+        if self.config.async_save and not self.config.integrated_save:  # the snapshot buffer, touched now
+            for t in self.snapshot.take(state_tensors(cb.network, cb.optimizer)):
+                t.data.fill(0)
 
     def join_state(self) -> dict:
         """What a replacement process needs to save with this job (see dsim.ft.inprocess)."""
-        return {"prefix": self.prefix, "last_saved_step": self.last_saved_step, "saved": list(self.saved)}
+        return {"prefix": self.prefix, "last_saved_step": self.committed_step, "saved": list(self.saved)}
 
     def join(self, run_context, joining: dict) -> None:
         """begin() for a replacement process entering a running job: take the job's state, no collectives."""
         state = joining["callbacks"][type(self).__name__]
+        global _active
         self.prefix, self.last_saved_step, self.saved = state["prefix"], state["last_saved_step"], state["saved"]
+        self.committed_step = self.last_saved_step
         cb = run_context.original_args()
+        self.rank, _active = cb.rank, self
         write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
 
     def recovered(self, run_context):
-        """After an in-job repair back to a step whose checkpoint was due but interrupted: save it now."""
+        """After an in-job repair back to a step whose checkpoint was due but interrupted: save it now.
+
+        An async save still in flight is abandoned first (the job it was started in is gone)."""
         cb = run_context.original_args()
+        note = self.abandon("an in-job repair took over")
+        # every rank of the repaired world is here (a replacement too, which had no save in flight): rank 0 says it
+        notes = [n for n in cb.model.groups.world.allgather(note) if n]
+        if notes and cb.rank == 0:
+            say(notes[0])
         steps, epochs = self.config.save_checkpoint_steps, self.config.save_checkpoint_epochs
         due = (steps and cb.cur_step_num % steps == 0) or (
             epochs and cb.cur_step_num % cb.batch_num == 0 and cb.cur_epoch_num % epochs == 0)
@@ -209,6 +253,7 @@ class ModelCheckpoint(Callback):
 
     def step_end(self, run_context):
         cb = run_context.original_args()
+        self.poll(cb)
         n = self.config.save_checkpoint_steps
         if n and cb.cur_step_num % n == 0:
             self.save(cb)
@@ -223,49 +268,116 @@ class ModelCheckpoint(Callback):
         cb = run_context.original_args()
         if cb.cur_step_num and self.last_saved_step != cb.cur_step_num:
             self.save(cb)  # like MindSpore, the last step is always saved
+        self.finish(cb)  # an async save still in flight is waited for and committed
+        global _active
+        _active = None
 
     # -- the save itself -----------------------------------------------------------------------------
     def save(self, cb) -> str:
-        """Write this step's checkpoint on every rank and commit it; returns its name."""
+        """Write this step's checkpoint on every rank and commit it; returns its name.
+
+        With async_save the files are written by a thread from a snapshot, and committed at a later step
+        end (see async_save); a save still in flight is first waited for and committed.
+        """
+        t0 = time.perf_counter()
         if self.last_saved_step == cb.cur_step_num:
-            return self.saved[-1]
+            return self.pending.name if self.pending is not None else self.saved[-1]
         if self.last_failed_step == cb.cur_step_num:
             return None
-        t0 = time.perf_counter()
+        self.finish(cb)
         groups = cb.model.groups
         comm, layout, rank = groups.world, groups.layout, cb.rank
         name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)
         meta = {**resume_meta(cb.model, cb.cur_step_num, rank), "prefix": self.prefix, "integrated_save": self.config.integrated_save,
                 "group_info": group_info_attr(layout, rank)}
         append = self._append_info(cb)
-        half = lambda: faults.at_point("save", cb.cur_step_num)  # noqa: E731
+        step = cb.cur_step_num
+        half = (lambda: faults.at_point("save", step)) if faults.armed("save") else None
+        pending = _Pending(name, cb.cur_epoch_num, cb.cur_step_in_epoch, cb.cur_step_num, t0)
         error, written, storage = None, None, True
         try:
             tensors = list(state_tensors(cb.network, cb.optimizer))
+            path, whole = cm.shard_path(self.directory, rank, name), tensors
             if self.config.integrated_save:
                 full = gather_full(comm, [(t.name, t.global_shape, t.where, t.data) for t in tensors])
-                if rank == 0:
+                path, whole = cm.integrated_path(self.directory, name), None
+                if rank == 0:  # full tensors are new arrays: they are the snapshot
                     whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
                                     t.global_shape), full[t.name], t.split, False) for t in tensors]
-                    written = write_file(cm.integrated_path(self.directory, name), meta, whole, append, half)
-            else:
-                written = write_file(cm.shard_path(self.directory, rank, name), meta, tensors, append, half)
+            elif self.config.async_save:
+                whole = self.snapshot.take(tensors)
+            if whole is not None and self.config.async_save:
+                pending.writer = BackgroundWrite(
+                    lambda check: write_file(path, meta, whole, append, half, after_each=check))
+            elif whole is not None:
+                written = write_file(path, meta, whole, append, half)
         except Exception as e:  # every rank must learn of it, or the others wait forever
             error, storage = error_text(e), isinstance(e, OSError)
+        if self.config.async_save:
+            pending.error = (error, storage)
+            self.pending, self.last_saved_step = pending, cb.cur_step_num
+            self.stalls.append(time.perf_counter() - t0)
+            return name
+        name = self._conclude(cb, pending, error, storage, written)
+        self.stalls.append(time.perf_counter() - t0)
+        return name
+
+    def poll(self, cb) -> None:
+        """At a step end: commit the save in flight once every rank's background write has finished
+        (collective: one small all-reduce per step while a save is in flight)."""
+        if self.pending is None:
+            return
+        from mpi4py import MPI
+        done = self.pending.writer is None or self.pending.writer.done()
+        if cb.model.groups.world.allreduce(int(done), op=MPI.MIN):
+            self.finish(cb)
+
+    def finish(self, cb) -> None:
+        """Wait for the save in flight (if any) on every rank, then commit it or report its failure (collective)."""
+        p = self.pending
+        if p is None:
+            return
+        self.pending = None
+        error, storage = p.error
+        written = None
+        if p.writer is not None:
+            written, e = p.writer.wait()
+            if e is not None and error is None:
+                error, storage = error_text(e), isinstance(e, OSError)
+        self._conclude(cb, p, error, storage, written)
+
+    def abandon(self, why: str):
+        """Drop the save in flight without committing it (no MPI: a last gasp or an in-job repair takes over);
+        returns the line to log, or None when no save was in flight."""
+        p = self.pending
+        if p is None:
+            return None
+        self.pending, self.last_saved_step = None, self.committed_step
+        if p.writer is not None:
+            p.writer.abandon()
+        if not self.config.integrated_save and self.rank is not None:
+            cm.shard_path(self.directory, self.rank, p.name).unlink(missing_ok=True)  # uncommitted: never loaded
+        return f"dsim: the async save of {p.name} (global step {p.step}) was in flight: abandoned, not committed ({why})"
+
+    def _conclude(self, cb, p, error, storage, written):
+        """Every rank's outcome gathered; all files durable: rank 0 commits; else the failure policy."""
+        groups = cb.model.groups
+        comm, rank, name = groups.world, cb.rank, p.name
         results = comm.allgather((error, storage, written))
         failed = {r: e for r, (e, _, _) in enumerate(results) if e}
         if failed:
+            self.last_saved_step = self.committed_step
             if all(st for e, st, _ in results if e):  # the storage failed: the policy decides
-                return self._failed(cb, name, failed)
+                return self._failed(cb, name, p.step, failed)
             raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {failed}")
-        faults.at_point("commit", cb.cur_step_num)
+        faults.at_point("commit", p.step)
         comm.Barrier()  # every rank is past the commit fault point: all files are in place
         error = None
         if rank == 0:
             try:
                 records = cm.committed(self.directory)
-                record = commit_record(name, self.prefix, self._plan(cb), cb.cur_epoch_num, cb.cur_step_in_epoch,
-                                       cb.cur_step_num, max([r["sequence"] for r in records], default=0) + 1,
+                record = commit_record(name, self.prefix, self._plan(cb), p.epoch, p.step_in_epoch,
+                                       p.step, max([r["sequence"] for r in records], default=0) + 1,
                                        self.config.integrated_save, time.time())
                 cm.write_commit(self.directory, record, {r: (w.size, w.digest) for r, (_, _, w) in enumerate(results)
                                                          if w})
@@ -273,16 +385,20 @@ class ModelCheckpoint(Callback):
                 error = error_text(e)
         error = comm.bcast(error, root=0)
         if error:
-            return self._failed(cb, name, {0: error}, "its commit record")
-        self.last_saved_step = cb.cur_step_num
+            self.last_saved_step = self.committed_step
+            return self._failed(cb, name, p.step, {0: error}, "its commit record")
+        self.committed_step = self.last_saved_step = p.step
         self.saved.append(name)
         self._retain(comm, rank)
         if rank == 0:
             total = sum(w.size for _, _, w in results if w)
+            ms = 1000 * (time.perf_counter() - p.started)
+            how = (f"{ms:.0f} ms in the background, the step stalled {1000 * self.stalls[-1]:.0f} ms"
+                   if self.config.async_save and self.stalls else f"{ms:.0f} ms")
             say(f"checkpoint saved: {self.directory / name} ({total / 2**20:.1f} MiB in "
-                f"{1 if self.config.integrated_save else comm.size} file(s), {1000 * (time.perf_counter() - t0):.0f} ms)")
-            if not self.config.integrated_save and len(group_info(layout, 0)) == 1:
-                warnings.warn(f"optimizer_shard={layout.optimizer_shard} = data_parallel: no rank has a replica, "
+                f"{1 if self.config.integrated_save else comm.size} file(s), {how})")
+            if not self.config.integrated_save and len(group_info(groups.layout, 0)) == 1:
+                warnings.warn(f"optimizer_shard={groups.layout.optimizer_shard} = data_parallel: no rank has a replica, "
                               "a lost shard cannot be repaired from another rank")
         return name
 
@@ -294,7 +410,7 @@ class ModelCheckpoint(Callback):
             by_error.setdefault(e, []).append(r)
         return "; ".join(f"{e} on rank(s) {_ranks_text(rs)}" for e, rs in by_error.items())
 
-    def _failed(self, cb, name: str, failed: dict, what: str = "its files"):
+    def _failed(self, cb, name: str, step: int, failed: dict, what: str = "its files"):
         """A save the storage refused: remove what this save wrote (nothing is committed), then one line from
         rank 0 and the policy: stop (raise SaveError) or continue (warn, record an event, try at the next save)."""
         comm, rank = cb.model.groups.world, cb.rank
@@ -309,16 +425,16 @@ class ModelCheckpoint(Callback):
         comm.Barrier()  # every rank has removed its part before anyone goes on
         records = cm.committed(self.directory) if rank == 0 else []
         latest = records[-1]["name"] if records else None
-        message = (f"checkpoint {name} (global step {cb.cur_step_num}) not saved in {self.directory}: "
+        message = (f"checkpoint {name} (global step {step}) not saved in {self.directory}: "
                    f"{what} could not be written: {self._summary(failed)} ({free_space(self.directory)}); "
                    + (f"the latest checkpoint is still {latest}" if latest else "no checkpoint is committed"))
         if self.on_save_error == "stop":
             raise SaveError(comm.bcast(message, root=0))
-        self.last_failed_step = cb.cur_step_num
+        self.last_failed_step = step
         if rank == 0:
             print(f"dsim: warning: {message}; training goes on and the next save tries again "
                   "(checkpoint.on_save_error: continue)", file=sys.stderr, flush=True)
-            event("checkpoint_save_failed", checkpoint=name, global_step=cb.cur_step_num,
+            event("checkpoint_save_failed", checkpoint=name, global_step=step,
                   directory=str(self.directory), errors={str(r): e for r, e in failed.items()},
                   free=free_space(self.directory))
         return None

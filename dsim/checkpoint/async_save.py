@@ -1,0 +1,81 @@
+"""Async save (`checkpoint.async_save: true`, MindSpore's CheckpointConfig(async_save=True)).
+
+The step that triggers a save only copies the state into a snapshot buffer allocated once and reused
+(`Snapshot`, the host-side analogue of a pinned staging buffer); a thread then writes and fsyncs the file
+from it (`BackgroundWrite`) while training goes on. The thread makes no MPI call (dsim's MPI is not
+initialised for threads calling collectives). The commit protocol stays on the main thread, in
+ModelCheckpoint:
+1. (all ranks) at the save's step: wait for the previous background save and commit it, snapshot, start the thread;
+2. (all ranks) at every later step end: agree whether every rank's thread has finished (one small all-reduce);
+3. (all ranks) when all have, or at the next save, or at the end of training (which wait): gather each rank's
+   outcome; (rank 0) write the commit record only when every file is durable; else the save failed, as a
+   synchronous one does (checkpoint.on_save_error).
+A kill during the background write leaves files without a commit record: the checkpoint does not exist.
+A last gasp or an in-job repair abandons a save in flight (the thread stops between tensors; nothing is
+committed), and the log says so.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .format import Tensor
+
+
+class Abandoned(Exception):
+    """The background save was abandoned (a last gasp or an in-job repair took over)."""
+
+
+class Snapshot:
+    """Buffers as large as the state to save, allocated (and touched) once, refilled at every save."""
+
+    def __init__(self):
+        self.buffers = {}
+
+    def bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers.values())
+
+    def take(self, tensors) -> list:
+        """Copies of tensors into the reused buffers (new ones only for a new name, shape or dtype)."""
+        out = []
+        for t in tensors:
+            buf = self.buffers.get(t.name)
+            if buf is None or buf.shape != t.data.shape or buf.dtype != t.data.dtype:
+                buf = self.buffers[t.name] = np.empty(t.data.shape, t.data.dtype)
+            np.copyto(buf, t.data)
+            out.append(Tensor(t.kind, t.name, t.global_shape, t.where, buf, t.split, t.opt_sharded))
+        return out
+
+
+class BackgroundWrite:
+    """write(check) run by a thread; `check()` (called by write between tensors) raises once abandoned."""
+
+    def __init__(self, write):
+        self.result = self.error = None
+        self._abandon = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(write,), name="dsim-async-save")
+        self._thread.start()
+
+    def _run(self, write):
+        try:
+            self.result = write(self._check)
+        except BaseException as e:  # noqa: BLE001 - reported on the main thread, as a sync save's error
+            self.error = e
+
+    def _check(self):
+        if self._abandon.is_set():
+            raise Abandoned("abandoned")
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self):
+        """Block until the thread ends; returns (result, error)."""
+        self._thread.join()
+        return self.result, self.error
+
+    def abandon(self):
+        """Ask the thread to stop at its next tensor (its temporary file is removed) and wait for it."""
+        self._abandon.set()
+        return self.wait()

@@ -1,0 +1,161 @@
+"""Checkpoint tensor bytes by positioned I/O (format + tensor_io), and the async save's pieces, without MPI."""
+import json
+import os
+import threading
+
+import h5py
+import numpy as np
+import pytest
+
+from dsim.checkpoint import CheckpointError
+from dsim.checkpoint.async_save import Abandoned, BackgroundWrite, Snapshot
+from dsim.checkpoint.format import FORMAT, META_ATTR, Tensor, crc32, meta_table, read_file, write_file
+from dsim.checkpoint.tensor_io import CHUNK
+from dsim.parallel.layout import Slice
+
+SHAPES = {"w": ((CHUNK // 4 + 7, 3), np.float32), "b": ((5,), np.float32), "empty": ((0, 4), np.float32),
+          "d": ((33, 2, 3), np.float64), "i": ((9,), np.int64), "s": ((), np.float32)}
+
+
+def tensors(seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, (shape, dtype) in SHAPES.items():
+        data = np.asarray(rng.standard_normal(shape) * 1000).astype(dtype)
+        out.append(Tensor("params" if name != "d" else "optimizer", name, shape, Slice((0,) * len(shape), shape), data))
+    return out
+
+
+META = {"epoch": 1, "global_step": 4, "layout": {"data_parallel": 2}, "optimizer": {"global_step": 4}}
+
+
+def test_round_trip_is_bit_exact_and_plain_h5py_reads_it(tmp_path):
+    ts = tensors()
+    written = write_file(tmp_path / "x.h5", META, ts, {"step_num": np.int64(4)})
+    shard = read_file(tmp_path / "x.h5")
+    assert shard.digest == written.digest and shard.meta_checked
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        assert f.attrs["format"] == FORMAT
+        assert json.loads(f.attrs[META_ATTR]) == meta_table(f)  # the table written from memory is the file's
+        for t in ts:
+            ds = f[f"{t.kind}/{t.name}"]
+            assert ds.chunks is None and ds.compression is None  # contiguous, unfiltered: plain HDF5
+            assert ds[()].tobytes() == t.data.tobytes() and ds.dtype == t.data.dtype
+            assert int(ds.attrs["crc32"]) == crc32(t.data)
+            assert shard.tensors[t.name].data.tobytes() == t.data.tobytes()
+    assert int(shard.append_info["step_num"]) == 4
+
+
+def test_read_goes_into_given_arrays_when_they_fit(tmp_path):
+    ts = tensors()
+    write_file(tmp_path / "x.h5", META, ts, {})
+    into = {t.name: np.zeros_like(t.data) for t in ts}
+    into["b"] = np.zeros(6, np.float32)            # another shape: read into a new array
+    into["i"] = np.zeros(9, np.int32)               # another dtype: read into a new array
+    into["d"] = np.zeros((33, 2, 6))[:, :, ::2]     # not contiguous: read into a new array
+    shard = read_file(tmp_path / "x.h5", into=into)
+    for t in ts:
+        got = shard.tensors[t.name].data
+        assert got.tobytes() == t.data.tobytes()
+        assert (got is into[t.name]) == (t.name in ("w", "empty", "s"))
+
+
+def flip_byte_of(path, dataset, at=0):
+    with h5py.File(path, "r") as f:
+        offset = f[dataset].id.get_offset()
+    with open(path, "r+b") as fh:
+        fh.seek(offset + at)
+        byte = fh.read(1)
+        fh.seek(offset + at)
+        fh.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_flipped_byte_is_named_by_its_checksum(tmp_path):
+    write_file(tmp_path / "x.h5", META, tensors(), {})
+    flip_byte_of(tmp_path / "x.h5", "params/w", at=CHUNK + 5)  # in the second chunk
+    with pytest.raises(CheckpointError, match="checksum mismatch in .*x.h5: params/w"):
+        read_file(tmp_path / "x.h5")
+    damaged = []
+    shard = read_file(tmp_path / "x.h5", damaged=damaged)
+    assert damaged == ["params/w"] and "w" not in shard.tensors and "b" in shard.tensors
+
+
+def test_truncated_data_is_one_line(tmp_path):
+    write_file(tmp_path / "x.h5", META, tensors(), {})
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        end = f["params/w"].id.get_offset() + 100
+    os.truncate(tmp_path / "x.h5", end)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint .*x.h5"):
+        read_file(tmp_path / "x.h5")
+
+
+def write_old_style(path, ts, version=2):
+    """A file as write_file made it before positioned I/O: h5py's own datasets (compact or contiguous,
+    allocated late, written by HDF5); version 1 has no metadata checksums."""
+    with h5py.File(path, "w") as f:
+        f.attrs["format"], f.attrs["format_version"] = FORMAT, version
+        for key, value in META.items():
+            f.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
+        for t in ts:
+            ds = f.create_dataset(f"{t.kind}/{t.name}", data=t.data, **({"chunks": True} if t.name == "d" else {}))
+            ds.attrs.update(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
+                            split=t.split, opt_sharded=t.opt_sharded, crc32=crc32(t.data))
+        if version == 2:
+            f.attrs[META_ATTR] = json.dumps(meta_table(f), sort_keys=True)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_files_written_the_old_way_still_load(tmp_path, version):
+    ts = tensors()
+    write_old_style(tmp_path / "old.h5", ts, version)
+    into = {t.name: np.zeros_like(t.data) for t in ts}
+    shard = read_file(tmp_path / "old.h5", into=into)
+    assert shard.meta_checked == (version == 2)
+    for t in ts:
+        assert shard.tensors[t.name].data.tobytes() == t.data.tobytes()
+        assert into[t.name].tobytes() == t.data.tobytes()  # chunked ones too, through h5py
+    flip = tmp_path / "old.h5"
+    flip_byte_of(flip, "params/w", at=8)
+    with pytest.raises(CheckpointError, match="checksum mismatch in .*old.h5: params/w"):
+        read_file(flip)
+
+
+def test_snapshot_buffers_are_reused_and_independent_of_the_live_arrays():
+    ts = tensors()
+    snap = Snapshot()
+    first = snap.take(ts)
+    ids = [id(t.data) for t in first]
+    ts[0].data[0, 0] += 1  # training goes on after the snapshot
+    assert first[0].data[0, 0] != ts[0].data[0, 0]
+    second = snap.take(ts)
+    assert [id(t.data) for t in second] == ids and second[0].data.tobytes() == ts[0].data.tobytes()
+    assert snap.bytes() == sum(t.data.nbytes for t in ts)
+
+
+def test_background_write_reports_errors_and_can_be_abandoned(tmp_path):
+    bad = BackgroundWrite(lambda check: write_file(tmp_path / "nodir" / "\0x.h5", META, tensors(), {}))
+    result, error = bad.wait()
+    assert result is None and error is not None
+    go, release = threading.Event(), threading.Event()
+
+    def slow_check_then(check):
+        def each():
+            go.set()
+            release.wait(10)
+            check()
+        return write_file(tmp_path / "y.h5", META, tensors(), {}, after_each=each)
+    w = BackgroundWrite(slow_check_then)
+    assert go.wait(10) and not w.done()
+    threading.Timer(0.2, release.set).start()
+    result, error = w.abandon()
+    assert result is None and isinstance(error, Abandoned)
+    assert not list(tmp_path.glob("y.h5*"))  # nothing left: not the file, not its temporary
+
+
+def test_the_fast_crc32_is_zlibs():
+    import zlib
+
+    from dsim.checkpoint import tensor_io
+    data = np.random.default_rng(1).integers(0, 256, 3 * CHUNK + 11, dtype=np.uint8).tobytes()
+    assert tensor_io.crc32(data) == zlib.crc32(data)
+    assert tensor_io.crc32(data[7:], tensor_io.crc32(data[:7])) == zlib.crc32(data)
