@@ -1,7 +1,6 @@
 """ModelCheckpoint: the callback that saves sharded (or integrated) checkpoints with the commit protocol."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys

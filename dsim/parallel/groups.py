@@ -57,17 +57,29 @@ def allreduce_sum(comm, x: np.ndarray, between=None) -> np.ndarray:
     bounds = chunk_bounds(n, p)
     counts = [bounds[i + 1] - bounds[i] for i in range(p)]
     mine = counts[me]
-    recv = np.empty((p, mine), dtype=flat.dtype)
+    recv = _receive_buffer(flat.dtype, p * mine).reshape(p, mine)
     comm.Alltoallv([flat, counts, bounds[:-1], _mpi_type(flat)],
                    [recv, [mine] * p, [mine * i for i in range(p)], _mpi_type(flat)])
-    acc = recv[0].copy()
-    for i in range(1, p):
+    out = np.empty_like(flat)
+    acc = out[bounds[me]:bounds[me + 1]]  # this rank's chunk, summed in group order in its place
+    np.add(recv[0], recv[1], out=acc)
+    for i in range(2, p):
         acc += recv[i]
     if between is not None:
         between()
-    out = np.empty_like(flat)
-    comm.Allgatherv(acc, [out, counts, bounds[:-1], _mpi_type(flat)])
+    from mpi4py import MPI
+    comm.Allgatherv(MPI.IN_PLACE, [out, counts, bounds[:-1], _mpi_type(flat)])
     return out.reshape(np.shape(x))
+
+
+_RECEIVE = {}  # dtype -> a receive buffer reused by every allreduce_sum (grown as needed)
+
+
+def _receive_buffer(dtype, n: int) -> np.ndarray:
+    buf = _RECEIVE.get(dtype)
+    if buf is None or buf.size < n:
+        buf = _RECEIVE[dtype] = np.empty(max(n, 1), dtype=dtype)
+    return buf[:n]
 
 
 def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
