@@ -6,7 +6,7 @@ NP ?= 8
 CONFIG ?= configs/default.yaml
 ENV := . launch/env.sh &&
 MPIRUN := $(VENV)/bin/mpirun
-TEST_TIMEOUT ?= 1800
+TEST_TIMEOUT ?= 2700
 
 .PHONY: venv train test test-serial test-mpi test-e2e bench clean
 
