@@ -157,3 +157,19 @@ def ft_reference(tmp_path_factory):
             cache[layout] = losses, d / "run" / "checkpoints"
         return cache[layout]
     return get
+
+
+def flip_byte(path, dataset=None):
+    """Flip one byte in the middle of a tensor's data (not the HDF5 metadata), as a bad disk block would.
+
+    dataset: e.g. "params/layer1.param"; by default the first parameter of the file.
+    """
+    import h5py
+    with h5py.File(path, "r") as f:
+        ds = f[dataset] if dataset else f["params"][sorted(f["params"])[0]]
+        offset = ds.id.get_offset() + ds.nbytes // 2
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))

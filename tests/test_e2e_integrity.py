@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import mpirun, readonly_view, tmpfs
+from conftest import flip_byte, mpirun, readonly_view, tmpfs
 from dsim.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -67,15 +67,6 @@ def inspect(*args, cwd):
 
 
 # -- damage, one protected item per rank's file of the newest checkpoint -------------------------------------
-def flip_one_byte(path):
-    with h5py.File(path, "r") as f:
-        ds = f["params"][sorted(f["params"])[0]]
-        offset = ds.id.get_offset() + ds.nbytes // 2
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        byte = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([byte[0] ^ 0xFF]))
 
 
 def edit_json_attr(attr, key, change):
@@ -103,7 +94,7 @@ def replace_with(other):
 # rank -> (item, damage, what the log names). Ranks 0-3 (group A) and 4-7 (group B) each damage one rank of
 # every replica set, so every damaged file has a healthy replica.
 DAMAGES = {
-    0: ("a tensor", flip_one_byte, "checksum mismatch in run/checkpoints/rank_0/network-2_4.h5: params/"),
+    0: ("a tensor", flip_byte, "checksum mismatch in run/checkpoints/rank_0/network-2_4.h5: params/"),
     1: ("a step counter", edit_json_attr("optimizer", "global_step", lambda v: v + 1),
         "metadata checksum mismatch in run/checkpoints/rank_1/network-2_4.h5: optimizer.global_step"),
     2: ("the data position", edit_json_attr("data", "global_step", lambda v: v - 1),

@@ -12,11 +12,10 @@ import shutil
 import subprocess
 import sys
 
-import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpirun
+from conftest import flip_byte, ROOT, mpirun
 from dsim.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -82,18 +81,6 @@ def transformer_killed(tmp_path_factory):
     return d
 
 
-def flip_bytes(path, dataset):
-    """Damage one tensor's data in place, as a bad disk block would."""
-    with h5py.File(path, "r") as f:
-        ds = f[dataset]
-        offset = ds.id.get_offset() + ds.nbytes // 2
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        byte = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_transformer_lost_shard_is_taken_from_its_replica(transformer_reference, transformer_killed, tmp_path):
     ref_losses, ref_ckpt = transformer_reference
     job = tmp_path / "job"
@@ -115,7 +102,7 @@ def test_transformer_layernorm_damaged_on_a_rank_and_its_replica(transformer_ref
     ckpt = job / "run" / "checkpoints"
     gamma = "encoder.blocks.0.layernorm1.gamma"
     for rank in (0, 4):
-        flip_bytes(ckpt / f"rank_{rank}" / "test-3_4.h5", f"params/{gamma}")
+        flip_byte(ckpt / f"rank_{rank}" / "test-3_4.h5", f"params/{gamma}")
     proc = mpirun(8, [*TRANSFORMER, "--resume", "auto", "--repair"], cwd=job, check=0)
     for rank in (0, 4):
         assert re.search(rf"dsim: recovery: rank {rank}: checksum mismatch in run/checkpoints/rank_{rank}/test-3_4.h5: "

@@ -6,11 +6,10 @@ The job: dp2 x mp4 (every shard has a replica), Adam, 3 epochs of 10 steps, a ch
 import re
 import shutil
 
-import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, launch, mpirun
+from conftest import flip_byte, ROOT, launch, mpirun
 from dsim.checkpoint import load_checkpoint
 from dsim.checkpoint.group_info import group_info_list
 
@@ -73,18 +72,6 @@ def test_kill_rank_3_then_recover_is_bit_identical(reference, killed, tmp_path):
     assert_resumed_exactly(reference, proc, ckpt)
 
 
-def flip_one_byte(path):
-    """Flip one byte inside a tensor's data (not the HDF5 metadata), as a bad disk block would."""
-    with h5py.File(path, "r") as f:
-        ds = f["params"][sorted(f["params"])[0]]
-        offset = ds.id.get_offset() + ds.nbytes // 2
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        byte = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-
-
 @pytest.mark.parametrize("rank,donor,damage,repair", [
     (0, 4, "delete", False),
     (0, 4, "delete", True),
@@ -93,7 +80,7 @@ def flip_one_byte(path):
 def test_lost_or_corrupt_shard_is_taken_from_its_replica(reference, killed, tmp_path, rank, donor, damage, repair):
     job, ckpt = job_copy(killed, tmp_path)
     shard = ckpt / f"rank_{rank}" / "network-2_4.h5"
-    shard.unlink() if damage == "delete" else flip_one_byte(shard)
+    shard.unlink() if damage == "delete" else flip_byte(shard)
     proc = mpirun(8, [*RUN, "--resume", "auto", *(["--repair"] if repair else [])], cwd=job, check=0)
     why = "checkpoint file not found" if damage == "delete" else "checksum mismatch"
     assert (f"dsim: recovery: rank {rank}: {why}" in proc.stdout and
@@ -143,7 +130,7 @@ def test_no_usable_checkpoint_and_other_layout_are_one_clear_line(tmp_path):
         "dsim: error: run/checkpoints/network-1_10.commit was saved with data_parallel=2, "
         "this run has data_parallel=4"], other.stderr
     for name in ("network-1_7", "network-1_10"):
-        flip_one_byte(ckpt / "rank_6" / f"{name}.h5")
+        flip_byte(ckpt / "rank_6" / f"{name}.h5")
     proc = mpirun(8, [*NO_REPLICA, "--resume", "auto"], cwd=tmp_path, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr

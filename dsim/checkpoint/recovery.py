@@ -206,16 +206,21 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
     if error:
         raise CheckpointError(error)
     tried = []
+
+    def unusable(i, why):
+        """Record why records[i] cannot be used; rank 0 says so, and names the one tried next."""
+        tried.append(f"{records[i]['name']}: {why}")
+        if rank == 0:
+            after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
+                     if i + 1 < len(records) else "")
+            log(f"dsim: recovery: checkpoint {records[i]['name']} is not usable: {why}{after}")
+
     for i, record in enumerate(records):
         directory = Path(record["directory"])
         check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
         digest, why = expected_digest(comm, directory, record)
         if why:
-            tried.append(f"{record['name']}: {why}")
-            if rank == 0:
-                after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
-                         if i + 1 < len(records) else "")
-                log(f"dsim: recovery: checkpoint {record['name']} is not usable: {why}{after}")
+            unusable(i, why)
             continue
         shard, error, damaged = read_own(directory, record, rank, digest, live_arrays(run))
         reports = comm.allgather((error, damaged))
@@ -226,12 +231,7 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
         else:
             plan = plan_tensors(damage, state_names(run), holder_function(run), replica_sets(layout))
         if plan.lost:
-            reason = "; ".join(_lost_reason(broken[r], r, lost, layout) for r, lost in sorted(plan.lost.items()))
-            tried.append(f"{record['name']}: {reason}")
-            if rank == 0:
-                after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
-                         if i + 1 < len(records) else "")
-                log(f"dsim: recovery: checkpoint {record['name']} is not usable: {reason}{after}")
+            unusable(i, "; ".join(_lost_reason(broken[r], r, lost, layout) for r, lost in sorted(plan.lost.items())))
             continue
         if rank == 0:
             for r, sources in sorted(plan.sources.items()):
