@@ -327,8 +327,12 @@ class ModelCheckpoint(Callback):
         if self.pending is None:
             return
         from mpi4py import MPI
-        done = self.pending.writer is None or self.pending.writer.done()
-        if cb.model.groups.world.allreduce(int(done), op=MPI.MIN):
+        done = np.array(self.pending.writer is None or self.pending.writer.done(), np.int32)
+        # Allreduce on the world itself: mpi4py's pickled allreduce runs on a hidden duplicate of the
+        # communicator, which a revoke of the world does not reach (a rank blocked in it would never learn
+        # of a failure the others are already recovering from).
+        cb.model.groups.world.Allreduce(MPI.IN_PLACE, done, op=MPI.MIN)
+        if done:
             self.finish(cb)
 
     def finish(self, cb) -> None:
