@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 
 from . import guard
 from .checkpoint import CheckpointError
@@ -120,8 +118,8 @@ def _train(run, step: int, joining) -> int:
     from mpi4py import MPI
 
     from .checkpoint.saver import SaveError
-    from .ft import ulfm
     from .ft.inprocess import CannotRepair
+    from .ft.tft import handle_process_failure, leave
     cfg = run.cfg
     try:
         run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
@@ -137,44 +135,8 @@ def _train(run, step: int, joining) -> int:
             leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
     except (MPI.Exception, UCEError, CannotRepair) as e:
-        why = ulfm.unavailable_reason()
-        if why:  # without fault tolerance this rank crashes, and MPI ends the job
-            print(f"dsim: error: rank {run.groups.world.rank}: {e} (no fault tolerance: {why})", file=sys.stderr,
-                  flush=True)
-            leave(1)
-        if isinstance(e, CannotRepair) and e.lead:
-            print(f"dsim: warning: no repair in the job: {e}; falling back to the last-gasp checkpoint",
-                  file=sys.stderr, flush=True)
-        return on_process_failure(run, time.time(), e)
+        return handle_process_failure(run, e)
     return 0
-
-
-def on_process_failure(run, noticed_at: float, error) -> int:
-    """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
-    from .checkpoint.saver import abandon_in_flight
-    from .ft import last_gasp
-    note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
-                             else "a rank failed")
-    try:
-        out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run)
-    except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
-        print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
-        return 1
-    if not out.failed and not out.damaged:  # every rank is alive and whole: an MPI error of another kind
-        print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
-    elif out.lead:
-        if note:
-            print(note, file=sys.stderr, flush=True)
-        print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
-    return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
-
-
-def leave(code: int):
-    """End this process now, without MPI_Finalize: a rank that fails alone must look dead to the others,
-    which would otherwise wait for it in their next collective while it waits for them in MPI_Finalize."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""From a config and a communicator to a ready-to-train Model: config -> layout -> model/optimizer -> data."""
+"""From a config and a communicator to a ready-to-train Model: config -> layout -> model/optimizer -> data.
+
+The CLI wires a run with the public API a script uses (dsim.context, dsim.dataset, Model.build), from
+its config: one way things are wired.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config, ConfigError
-from ..data import DistributedSampler, create_dataset
-from ..data.loader import DataLoader
+from ..context import fit_layout, use
+from ..data import create_dataset
+from ..dataset import Dataset
 from ..nn import create_network
 from ..optim import LRSchedule, create_optimizer
 from ..parallel.groups import Groups
@@ -20,14 +25,12 @@ from .model import Model
 def resolve_layout(cfg: Config, world_size: int) -> ParallelLayout:
     """The layout of the config on world_size ranks (data_parallel may be left out: the rest of the world)."""
     p = cfg.parallel
-    dp = p.data_parallel
-    if dp is None:
-        if world_size % p.model_parallel:
-            raise ConfigError(f"layout: model_parallel={p.model_parallel} does not divide the world size {world_size}")
-        dp = world_size // p.model_parallel
-    layout = ParallelLayout(dp, p.model_parallel, p.optimizer_shard)
-    layout.check_world_size(world_size)
-    return layout
+    try:
+        return fit_layout(world_size, p.data_parallel, p.model_parallel, p.optimizer_shard)
+    except LayoutError as e:
+        if p.data_parallel is None and "does not divide" in str(e):
+            raise ConfigError(str(e)) from None
+        raise
 
 
 @dataclass
@@ -39,7 +42,7 @@ class Run:
     network: object
     optimizer: object
     model: Model
-    loader: DataLoader
+    loader: Dataset
     spares: object = None  # dsim.ft.spares.SparePool with tft.arf: the job's processes and its idle spares
 
     @property
@@ -74,8 +77,8 @@ class Run:
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
 
     def train(self, extra_callbacks=(), initial_epoch=0, joining=None):
-        return self.model.train(self.cfg.train.epochs, self.loader, self.callbacks(extra_callbacks), initial_epoch,
-                                joining)
+        return self.model.train(self.cfg.train.epochs, self.loader, self.callbacks(extra_callbacks),
+                                initial_epoch=initial_epoch, joining=joining)
 
 
 def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
@@ -84,14 +87,16 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     initialize=False builds the parameters as zeros (see Cell.build): for a newcomer that receives them.
     """
     layout = resolve_layout(cfg, comm.size)
-    dtype = np.dtype(cfg.dtype)
+    p = cfg.parallel
+    use(comm, data_parallel=layout.data_parallel, model_parallel=p.model_parallel, optimizer_shard=p.optimizer_shard,
+        vocab_emb_dp=p.vocab_emb_dp, seed=cfg.seed, dtype=cfg.dtype, output_dir=cfg.output.dir)
     m = cfg.model
     try:
         network = create_network(m.name, m.hidden, vars(m.transformer), cfg.parallel.vocab_emb_dp)
     except LayoutError as e:
         raise ConfigError(f"config: {e}") from None
+    dtype = np.dtype(cfg.dtype)
     network.build(layout, comm.rank, cfg.seed, dtype, initialize)  # raises LayoutError before any collective
-    groups = Groups(comm, layout)
     o = cfg.optimizer
     schedule = LRSchedule(o.learning_rate, **vars(o.schedule))
     adam = {"beta1": o.beta1, "beta2": o.beta2, "eps": o.eps}
@@ -105,12 +110,9 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     source = create_dataset(d.name, d.path, num_samples=d.num_samples, seed=cfg.seed, dtype=dtype,
                             image_size=network.image_size, src_len=t.src_len, tgt_len=t.tgt_len,
                             vocab_size=t.vocab_size)
-    sampler = DistributedSampler(len(source), d.batch_size, layout.data_parallel, groups.coords.dp,
-                                 shuffle=d.shuffle, seed=cfg.seed)
-    loader = DataLoader(source, sampler, cfg.train.steps_per_epoch)
-    model = Model(network, optimizer, groups, d.batch_size)
-    model.seed, model.loader = cfg.seed, loader
-    run = Run(cfg, groups, network, optimizer, model, loader)
+    dataset = Dataset(source, shuffle=d.shuffle, num_steps=cfg.train.steps_per_epoch).batch(d.batch_size)
+    model = Model(network, optimizer=optimizer).build(dataset)  # the groups, and this rank's part of the data
+    run = Run(cfg, model.groups, network, optimizer, model, dataset)
     if cfg.tft.uce or cfg.tft.arf:
         from ..ft.inprocess import InProcessRecovery
         model.recovery = InProcessRecovery(run)

@@ -22,11 +22,17 @@ class Model:
     4. optimizer update of the owned slices, then all-gather over the optimizer-shard group.
     """
 
-    def __init__(self, network, optimizer, groups: Groups, global_batch_size: int):
+    def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, *, groups: Groups = None,
+                 global_batch_size: int = None):
+        """MindSpore's Model(network, loss_fn, optimizer, metrics). A script leaves groups and the batch size
+        out: build() takes them from the context (dsim.init) and the dataset; the CLI's builder gives them."""
         self.network = network
+        self.loss_fn = loss_fn
         self.optimizer = optimizer
+        self.metrics = metrics
         self.groups = groups
         self.global_batch_size = global_batch_size
+        self.seed, self.loader = None, None  # the run's seed, and the dataset it trains on (checkpoints record both)
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
         self._buckets = None
 
@@ -60,15 +66,81 @@ class Model:
             self._buckets = GradientBuckets(params, params[0].data.dtype)
         return self._buckets
 
-    def train(self, epoch: int, train_dataset, callbacks=(), initial_epoch: int = 0, joining=None):
+    def build(self, train_dataset=None, valid_dataset=None, sink_size: int = -1, epoch: int = 1) -> "Model":
+        """Make this rank's slices of the network (MindSpore compiles here; in dsim the layout decides the
+        slices), bind the optimizer to them, and the datasets to this rank's data-parallel part.
+
+        Collective (it makes the parallel groups). Needed before load_param_into_net, as on the distributed
+        page; train() and eval() call it. A network already built (the CLI's builder) is left as it is.
+        """
+        if self.groups is None:
+            from ..context import get_context, init
+            ctx = get_context()
+            if ctx.comm is None:
+                init()
+            layout = ctx.layout()
+            if not self.network.trainable_params():
+                self.network.build(layout, ctx.comm.rank, ctx.seed, ctx.dtype)  # LayoutError before any collective
+            if self.optimizer is None:
+                raise ValueError("Model needs an optimizer to train: Model(net, loss_fn, optimizer=...)")
+            if not self.optimizer.params:
+                self.optimizer.bind(self.network.trainable_params())
+            if self.loss_fn is not None:
+                self.network.loss = self.loss_fn  # what train_step calls
+            self.seed = ctx.seed if self.seed is None else self.seed
+            self.groups = Groups(ctx.comm, layout)
+        for dataset in (train_dataset, valid_dataset):
+            if dataset is not None and getattr(dataset, "sampler", "bound") is None:
+                dataset.bind(self.groups.layout.data_parallel, self.groups.coords.dp, self.seed or 0)
+        if train_dataset is not None:
+            self.loader = train_dataset
+            self.global_batch_size = train_dataset.sampler.global_batch_size
+        return self
+
+    def eval(self, valid_dataset, callbacks=None, dataset_sink_mode: bool = True) -> dict:
+        """{"accuracy": ...} on valid_dataset, every sample once: the share of samples (for a token model, of
+        target tokens that are not padding) whose largest output is the label. Collective; the same on every rank.
+
+        The outputs must be whole on every model-parallel rank (dsim's networks end in a row-split or
+        replicated layer); only the dp group's counts are summed.
+        """
+        from mpi4py import MPI
+
+        from ..data.translation import PAD
+        self.build(valid_dataset=valid_dataset)
+        counts = np.zeros(2)
+        sampler, source = valid_dataset.sampler, valid_dataset.source
+        for step in range(valid_dataset.get_dataset_size()):
+            inputs, labels = source.get(sampler.batch_indices(0, step))
+            logits = self.network.forward(inputs, self.groups.mp)
+            labels = np.asarray(labels).reshape(-1)
+            keep = labels != PAD if getattr(self.network, "input_kind", "image") == "tokens" else np.ones(labels.shape, bool)
+            counts += ((logits.argmax(axis=1) == labels)[keep].sum(), keep.sum())
+        self.groups.dp.Allreduce(MPI.IN_PLACE, counts)
+        return {"accuracy": float(counts[0] / max(counts[1], 1))}
+
+    def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = True, sink_size: int = -1,
+              initial_epoch: int = 0, joining=None):
         """Train through epoch `epoch` (1-based, inclusive), starting after `initial_epoch`.
 
         As in MindSpore, `epoch` is the last epoch and `initial_epoch` the number already done; a
         dataset position set with set_init_step (a mid-epoch resume) wins when it is further on.
+        dataset_sink_mode and sink_size are MindSpore's and change nothing here (a step is one batch).
         With `self.recovery` set (dsim.ft.inprocess), a failure inside the loop is repaired in the job and
         training goes on from the step the ranks agreed on. `joining` is given to a replacement process
         that enters a running job: its callbacks join (take the job's state) instead of beginning.
+        A fault-tolerance callback (dsim.ft.tft: TFTRegister, TrainFaultTolerance) among the callbacks turns
+        on the last gasp and the in-job repair for a script, as MS_ENABLE_TFT and the config do for the CLI.
         """
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [] if callbacks is None else [callbacks]
+        self.build(train_dataset)
+        tft = next((c for c in callbacks if hasattr(c, "guard_training")), None)
+        if tft is not None:
+            return tft.guard_training(self, lambda: self._train(epoch, train_dataset, callbacks, initial_epoch,
+                                                                joining), callbacks)
+        return self._train(epoch, train_dataset, callbacks, initial_epoch, joining)
+
+    def _train(self, epoch, train_dataset, callbacks, initial_epoch, joining):
         spe = train_dataset.get_dataset_size()
         train_dataset.set_init_step(max(train_dataset.init_step, initial_epoch * spe))
         first_epoch, first_step = train_dataset.position(train_dataset.init_step)
@@ -77,6 +149,7 @@ class Model:
             epoch_num=epoch, batch_num=spe, cur_epoch_num=first_epoch + 1, cur_step_in_epoch=first_step,
             cur_step_num=train_dataset.init_step, net_outputs=None, lr=self.optimizer.current_lr(),
             network=self.network, optimizer=self.optimizer, model=self,
+            train_network=self.network, train_dataset=train_dataset, device_number=self.groups.world.size,
         )
         ctx = RunContext(cb)
         for c in callbacks:

@@ -25,14 +25,22 @@ class Optimizer:
 
     slots: tuple = ()
 
-    def __init__(self, params, learning_rate: LRSchedule, weight_decay: float = 0.0):
-        self.params = list(params)
-        self.learning_rate = learning_rate
+    def __init__(self, params, learning_rate, weight_decay: float = 0.0):
+        self.learning_rate = learning_rate if isinstance(learning_rate, LRSchedule) else LRSchedule(float(learning_rate))
         self.weight_decay = weight_decay
         self.global_step = 0
+        self._scratch = {}  # dtype -> two CHUNK-sized temporaries
+        self.bind(params)
+
+    def bind(self, params) -> None:
+        """Update these parameters (this rank's slices), with zero state for each.
+
+        A script builds its optimizer as MindSpore's do, from `net.trainable_params()`, which is empty until
+        the model is built (the layout decides the slices); Model.build then binds the built ones.
+        """
+        self.params = list(params)
         self.state = {slot: {p.name: np.zeros(p.owned.extents, dtype=p.data.dtype) for p in self.params}
                       for slot in self.slots}
-        self._scratch = {}  # dtype -> two CHUNK-sized temporaries
 
     def current_lr(self) -> float:
         return self.learning_rate(self.global_step)

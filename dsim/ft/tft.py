@@ -1,0 +1,123 @@
+"""What a job does when a rank dies or its memory fails (MindSpore's TFT), for the CLI and for scripts alike.
+
+The CLI turns it on with `tft:` in the config or MS_ENABLE_TFT; a script as the seed pages do, with
+`nn.OptTFTWrapper(optimizer)` and one of these callbacks in `model.train(..., callbacks=[...])`:
+
+- TFTRegister(ctrl_rank_id, ctrl_ip, ctrl_port, ckpt_save_path): the last-gasp checkpoint (TTP). When a rank
+  dies the survivors save the newest step every slice still has under ckpt_save_path
+  (`tft_saved_checkpoints-step_{n}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.h5`) and the job ends (exit 1).
+  dsim has no controller process (the survivors agree among themselves), so the controller's rank, address
+  and port are accepted and unused, and killing rank 0 saves too.
+- TrainFaultTolerance(ckpt_save_path): besides, a rank whose memory fails (UCE) is repaired from its replica
+  in the job and training goes on; the last gasp stays the fallback.
+MS_ENABLE_TFT='{TTP:1,UCE:1}' adds its switches to the callback's. Replacing a dead process (ARF, warm
+spares) starts `python -m dsim.train` processes, so it is the CLI's only.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from ..engine.callbacks import Callback
+
+
+def handle_process_failure(run, error) -> int:
+    """An MPI call failed, a UCE was raised or could not be repaired: last gasp (when on), report; exit status."""
+    from . import ulfm
+    from .inprocess import CannotRepair
+    why = ulfm.unavailable_reason()
+    if why:  # without fault tolerance this rank crashes, and MPI ends the job
+        print(f"dsim: error: rank {run.groups.world.rank}: {error} (no fault tolerance: {why})", file=sys.stderr,
+              flush=True)
+        leave(1)
+    if isinstance(error, CannotRepair) and error.lead:
+        print(f"dsim: warning: no repair in the job: {error}; falling back to the last-gasp checkpoint",
+              file=sys.stderr, flush=True)
+    return on_process_failure(run, time.time(), error)
+
+
+def on_process_failure(run, noticed_at: float, error) -> int:
+    """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
+    from ..checkpoint.saver import abandon_in_flight
+    from . import last_gasp
+    note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
+                             else "a rank failed")
+    try:
+        out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run)
+    except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
+        print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    if not out.failed and not out.damaged:  # every rank is alive and whole: an MPI error of another kind
+        print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
+    elif out.lead:
+        if note:
+            print(note, file=sys.stderr, flush=True)
+        print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
+    return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
+
+
+def leave(code: int):
+    """End this process now, without MPI_Finalize: a rank that fails alone must look dead to the others,
+    which would otherwise wait for it in their next collective while it waits for them in MPI_Finalize."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class TFTRegister(Callback):
+    """MindSpore's TFTRegister: the last-gasp checkpoint for a script's Model.train (see the module doc)."""
+
+    switches = {"ttp": True}
+
+    def __init__(self, ctrl_rank_id: int = 0, ctrl_ip: str = "127.0.0.1", ctrl_port: int = 30051,
+                 ckpt_save_path: str = "./ttp_checkpoints/"):
+        self.ctrl_rank_id, self.ctrl_ip, self.ctrl_port = ctrl_rank_id, ctrl_ip, ctrl_port
+        self.ckpt_save_path = ckpt_save_path
+
+    def run_of(self, model, callbacks):
+        """The Run the last gasp and the in-job repair work on, from the script's model and callbacks."""
+        from ..checkpoint import ModelCheckpoint
+        from ..config import Config, ConfigError, apply_tft_env
+        from ..context import get_context
+        from ..engine.builder import Run
+        if not hasattr(model.optimizer, "states"):
+            raise ConfigError(f"{type(self).__name__} needs the optimizer wrapped: nn.OptTFTWrapper(optimizer), "
+                              "as on the page")
+        cfg = Config()
+        for key, value in self.switches.items():
+            setattr(cfg.tft, key, value)
+        apply_tft_env(cfg.tft, os.environ.get("MS_ENABLE_TFT"))
+        if cfg.tft.arf or cfg.tft.spares:
+            raise ConfigError("replacing a dead process (ARF, warm spares) starts python -m dsim.train processes: "
+                              "it is for the CLI, not a script")
+        cfg.tft.ckpt_save_path = str(self.ckpt_save_path)
+        saver = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
+        if saver is not None:  # the last gasp's files carry the same append_info as the periodic ones
+            cfg.checkpoint.append_info = list(saver.config.append_info)
+            cfg.checkpoint.directory = str(saver.directory)
+        cfg.output.dir, cfg.seed = get_context().output_dir, model.seed
+        return Run(cfg, model.groups, model.network, model.optimizer, model, model.loader)
+
+    def guard_training(self, model, body, callbacks):
+        """Run Model.train's loop (body) with the faults handled as MindSpore's TFT does; exit 1 after a last gasp."""
+        from mpi4py import MPI
+
+        from ..faults import UCEError
+        from .inprocess import CannotRepair, InProcessRecovery
+        run = self.run_of(model, callbacks)
+        if run.cfg.tft.uce and model.recovery is None:
+            model.recovery = InProcessRecovery(run)
+        try:
+            return body()
+        except (MPI.Exception, UCEError, CannotRepair) as e:
+            raise SystemExit(handle_process_failure(run, e)) from None
+
+
+class TrainFaultTolerance(TFTRegister):
+    """MindSpore's TrainFaultTolerance: a UCE repaired from a replica in the job, the last gasp as fallback."""
+
+    switches = {"ttp": True, "uce": True}
+
+    def __init__(self, ckpt_save_path: str = "./ttp_checkpoints/"):
+        super().__init__(ckpt_save_path=ckpt_save_path)
