@@ -79,7 +79,12 @@ def load_param_into_net(net, param_dict) -> list:
 
     Accepts a sharded file's slices or an integrated file's full tensors; every shape is checked against
     the built layout and a mismatch names the parameter. Returns the names not found (raises if any).
+    Given an optimizer (as MindSpore's "into the network or optimizer"), loads its state slices and step
+    counter instead, so the learning-rate schedule and the moments go on exactly.
     """
+    if hasattr(net, "state_items"):
+        load_optimizer_state(net, param_dict)
+        return []
     missing = [p.name for p in net.trainable_params() if p.name not in param_dict]
     if missing:
         raise CheckpointError(f"parameters missing from the checkpoint: {', '.join(missing)}")

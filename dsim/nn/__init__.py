@@ -4,6 +4,7 @@ from .cell import Cell, Sequential
 from .conv import Conv2d, Flatten, MaxPool2d
 from .embedding import Embedding
 from .layers import GELU, Dense, Layer, ReLU, masked_cross_entropy, softmax_cross_entropy
+from .initializer import Normal, One, Zero
 from .losses import CrossEntropyLoss, SoftmaxCrossEntropyWithLogits
 from .lenet import LeNet5
 from .models import MODELS, create_network
@@ -16,7 +17,7 @@ __all__ = ["MultiHeadAttention", "Cell", "Conv2d", "Flatten", "MaxPool2d", "Embe
            "ReLU", "masked_cross_entropy", "softmax_cross_entropy", "LeNet5", "MODELS", "create_network",
            "ARCHITECTURES", "Network", "LayerNorm", "Parameter", "Transformer", "Sequential", "SequentialCell",
            "CrossEntropyLoss", "SoftmaxCrossEntropyWithLogits", "SGD", "Momentum", "Adam", "AdamWeightDecay",
-           "OptTFTWrapper"]
+           "OptTFTWrapper", "Normal", "One", "Zero"]
 
 # MindSpore's names: nn.SequentialCell, and the optimizers and their TFT wrapper under nn
 SequentialCell = Sequential
