@@ -58,7 +58,11 @@ class LossMonitor(Callback):
 
 
 class TimeMonitor(Callback):
-    """Rank 0 prints epoch time and per-step time at each epoch end."""
+    """Rank 0 prints epoch time and per-step time at each epoch end (data_size: MindSpore's, unused: a step
+    is one batch here)."""
+
+    def __init__(self, data_size=None):
+        self.data_size = data_size
 
     def epoch_begin(self, run_context):
         self._t0, self._steps = time.perf_counter(), 0
