@@ -21,12 +21,12 @@ from .checkpoint import (CheckpointConfig, ModelCheckpoint, committed, latest_co
                          load_checkpoint, load_param_into_net, restore_group_info_list)
 from .context import (get_context, get_group_size, get_rank, init, set_auto_parallel_context,  # noqa: E402
                       set_context, set_seed)
-from .engine.callbacks import Callback, LossMonitor, MetricsLog, RunContext, TimeMonitor  # noqa: E402
+from .engine.callbacks import Callback, EvalMonitor, LossMonitor, MetricsLog, RunContext, TimeMonitor  # noqa: E402
 from .engine.model import Model  # noqa: E402
 from .ft.tft import TFTRegister, TrainFaultTolerance  # noqa: E402
 from .ft.wrapper import OptTFTWrapper  # noqa: E402
 
 __all__ = ["dataset", "nn", "CheckpointConfig", "ModelCheckpoint", "committed", "latest_committed",
            "load_checkpoint", "load_param_into_net", "restore_group_info_list", "get_context", "get_group_size",
-           "get_rank", "init", "set_auto_parallel_context", "set_context", "set_seed", "Callback", "LossMonitor",
+           "get_rank", "init", "set_auto_parallel_context", "set_context", "set_seed", "Callback", "EvalMonitor", "LossMonitor",
            "MetricsLog", "RunContext", "TimeMonitor", "Model", "TFTRegister", "TrainFaultTolerance", "OptTFTWrapper"]

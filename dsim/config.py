@@ -82,6 +82,7 @@ class DataConfig:
     num_samples: int = 1920        # synthetic and translation (generated on demand)
     batch_size: int = 32           # the global batch, split over the data-parallel ranks
     shuffle: bool = True
+    eval_samples: int = 0          # held-out samples (after the training ones; of a file, its last): accuracy per epoch
 
 
 @dataclass
@@ -261,6 +262,8 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"config: {key} must be >= 1, got {value}")
+    if cfg.data.eval_samples < 0:
+        raise ConfigError(f"config: data.eval_samples must be >= 0, got {cfg.data.eval_samples}")
     if cfg.tft.spares < 0:
         raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
     f = cfg.fault

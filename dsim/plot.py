@@ -3,8 +3,9 @@
     $ python -m dsim.plot runs/default -o loss.png
 
 metrics.jsonl accumulates over runs and resumes: each `train_begin` starts a new segment, drawn in its
-own colour. Every event other than step/train_begin/train_end that carries a global step is marked on
-the curve with its name (and rank, when it names one), whatever its kind. Needs matplotlib
+own colour. Every event other than step/train_begin/train_end/eval that carries a global step is marked on
+the curve with its name (and rank, when it names one), whatever its kind. The held-out accuracy of `eval`
+events (data.eval_samples, dsim.EvalMonitor) is drawn against a second axis on the right. Needs matplotlib
 (`pip install dsim[plot]`); without it: one line and exit 2.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LABEL_ROWS = 6
-QUIET = {"step", "train_begin", "train_end"}
+QUIET = {"step", "train_begin", "train_end", "eval"}
 EVENT_STYLES = [("crimson", "X"), ("darkviolet", "o"), ("saddlebrown", "s"), ("teal", "D"), ("black", "^"),
                 ("darkorange", "P")]  # (colour, marker) per kind of event, in order of first appearance
 
@@ -34,11 +35,12 @@ class Metrics:
     segments: list
     events: list      # the marked events: dicts with "event" and "global_step"
     skipped: int = 0  # lines that were not JSON objects
+    accuracy: list = field(default_factory=list)  # (global_step, held-out accuracy) of the eval events
 
 
 def read_metrics(path) -> Metrics:
     """Split metrics.jsonl into segments (one per train_begin) and the events to mark."""
-    segments, events, skipped = [], [], 0
+    segments, events, skipped, accuracy = [], [], 0, []
     with open(path) as fh:
         for line in fh:
             try:
@@ -51,9 +53,11 @@ def read_metrics(path) -> Metrics:
                 segments.append(Segment(rec))
             if kind == "step" and isinstance(rec.get("loss"), (int, float)):
                 segments[-1].steps.append((rec["global_step"], rec["loss"]))
+            elif kind == "eval" and isinstance(rec.get("accuracy"), (int, float)):
+                accuracy.append((rec.get("global_step"), rec["accuracy"]))
             elif kind not in QUIET and isinstance(rec.get("global_step"), int):
                 events.append(rec)
-    return Metrics([s for s in segments if s.steps], events, skipped)
+    return Metrics([s for s in segments if s.steps], events, skipped, accuracy)
 
 
 def label(ev: dict) -> str:
@@ -109,7 +113,15 @@ def draw(metrics: Metrics, out, title: str) -> None:
     ax.set_ylabel("loss")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    if metrics.accuracy:
+        acc = ax.twinx()
+        xs, ys = zip(*sorted(metrics.accuracy))
+        handles += acc.plot(xs, ys, color="seagreen", ls=":", marker="o", ms=5, lw=1.2, label="held-out accuracy")
+        labels.append("held-out accuracy")
+        acc.set_ylabel("held-out accuracy")
+        acc.set_ylim(0, 1.05)
+    ax.legend(handles, labels, loc="lower left", fontsize=9)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -141,7 +153,8 @@ def main(argv=None) -> int:
     draw(metrics, out, f"{path.parent.name}: loss per global step")
     n = sum(len(s.steps) for s in metrics.segments)
     marks = ", ".join(f"{e['event']}@{e['global_step']}" for e in metrics.events) or "none"
-    print(f"wrote {out}: {len(metrics.segments)} segment(s), {n} steps, events: {marks}")
+    evals = f", {len(metrics.accuracy)} evaluation(s)" if metrics.accuracy else ""
+    print(f"wrote {out}: {len(metrics.segments)} segment(s), {n} steps{evals}, events: {marks}")
     return 0
 
 

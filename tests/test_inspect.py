@@ -222,12 +222,17 @@ def test_metrics_segments_and_events(tmp_path):
         {"event": "fault", "rank": 3, "global_step": 6}, {"event": "resume", "global_step": 4},
         {"event": "train_begin", "global_step": 4}] + [
         {"event": "step", "global_step": s, "loss": 2.0 - s / 10} for s in range(5, 9)] + [
-        {"event": "uce_repair", "rank": 5, "global_step": 7}, {"event": "train_end", "global_step": 8}]
+        {"event": "uce_repair", "rank": 5, "global_step": 7}, {"event": "eval", "global_step": 8, "accuracy": 0.25},
+        {"event": "train_end", "global_step": 8}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
     m = read_metrics(path)
     assert [len(s.steps) for s in m.segments] == [6, 4] and m.skipped == 1
     assert [(e["event"], e["global_step"]) for e in m.events] == [("fault", 6), ("resume", 4), ("uce_repair", 7)]
+    assert m.accuracy == [(8, 0.25)]
+    p = subprocess.run([sys.executable, "-m", "dsim.plot", str(tmp_path), "-o", str(tmp_path / "loss.png")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "10 steps, 1 evaluation(s)" in p.stdout and (tmp_path / "loss.png").stat().st_size
 
 
 def test_plot_without_matplotlib_is_one_line(tmp_path):

@@ -18,7 +18,7 @@ from ..nn import create_network
 from ..optim import LRSchedule, create_optimizer
 from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError, ParallelLayout
-from .callbacks import LossMonitor, MetricsLog, ProgressBar, TimeMonitor
+from .callbacks import EvalMonitor, LossMonitor, MetricsLog, ProgressBar, TimeMonitor
 from .model import Model
 
 
@@ -44,6 +44,7 @@ class Run:
     model: Model
     loader: Dataset
     spares: object = None  # dsim.ft.spares.SparePool with tft.arf: the job's processes and its idle spares
+    eval_dataset: object = None  # data.eval_samples: the held-out samples, evaluated after every epoch
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -73,7 +74,8 @@ class Run:
         if cfg.fault.kind:
             f = cfg.fault
             cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill))
-        return cbs + [LossMonitor(out.loss_every), TimeMonitor(), ProgressBar(out.progress_bar),
+        evaluate = [EvalMonitor(self.eval_dataset)] if self.eval_dataset is not None else []
+        return cbs + [LossMonitor(out.loss_every), TimeMonitor(), *evaluate, ProgressBar(out.progress_bar),
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]
 
     def train(self, extra_callbacks=(), initial_epoch=0, joining=None):
@@ -107,12 +109,17 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
         optimizer = OptTFTWrapper(optimizer)  # keeps the state before each update, for the last gasp
     d = cfg.data
     t = m.transformer
-    source = create_dataset(d.name, d.path, num_samples=d.num_samples, seed=cfg.seed, dtype=dtype,
+    # a generated dataset draws sample i from (seed, i): the held-out samples are those after the training ones
+    source = create_dataset(d.name, d.path, num_samples=d.num_samples + d.eval_samples, seed=cfg.seed, dtype=dtype,
                             image_size=network.image_size, src_len=t.src_len, tgt_len=t.tgt_len,
                             vocab_size=t.vocab_size)
-    dataset = Dataset(source, shuffle=d.shuffle, num_steps=cfg.train.steps_per_epoch).batch(d.batch_size)
-    model = Model(network, optimizer=optimizer).build(dataset)  # the groups, and this rank's part of the data
-    run = Run(cfg, model.groups, network, optimizer, model, dataset)
+    dataset, held_out = Dataset(source, shuffle=d.shuffle, num_steps=cfg.train.steps_per_epoch), None
+    if d.eval_samples:
+        dataset, held_out = dataset.split([len(source) - d.eval_samples, d.eval_samples])
+        held_out = held_out._with(shuffle=False, num_steps=None).batch(min(d.batch_size, d.eval_samples))
+    dataset = dataset.batch(d.batch_size)
+    model = Model(network, optimizer=optimizer).build(dataset, held_out)  # the groups, this rank's part of the data
+    run = Run(cfg, model.groups, network, optimizer, model, dataset, eval_dataset=held_out)
     if cfg.tft.uce or cfg.tft.arf:
         from ..ft.inprocess import InProcessRecovery
         model.recovery = InProcessRecovery(run)

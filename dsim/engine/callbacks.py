@@ -77,6 +77,24 @@ class TimeMonitor(Callback):
             say(f"Train epoch time: {ms:.3f} ms, per step time: {ms / self._steps:.3f} ms")
 
 
+class EvalMonitor(Callback):
+    """Accuracy on a held-out dataset after every `per_epochs` epochs (Model.eval; collective): rank 0 prints
+    `epoch: 2 eval accuracy is 0.812500 (320 held-out samples)`, and metrics.jsonl gets an `eval` event."""
+
+    def __init__(self, dataset, per_epochs: int = 1):
+        self.dataset, self.per_epochs = dataset, per_epochs
+
+    def epoch_end(self, run_context):
+        cb = run_context.original_args()
+        if cb.cur_epoch_num % self.per_epochs:
+            return
+        accuracy = cb.model.eval(self.dataset)["accuracy"]
+        samples = self.dataset.get_dataset_size() * self.dataset.batch_size
+        if cb.rank == 0:
+            say(f"epoch: {cb.cur_epoch_num} eval accuracy is {accuracy:.6f} ({samples} held-out samples)")
+        event("eval", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num, accuracy=accuracy, samples=samples)
+
+
 class ProgressBar(Callback):
     """A tqdm bar on rank 0 (off when stderr is not a terminal)."""
 
