@@ -1,0 +1,113 @@
+"""The public API in one process (MPI.COMM_SELF): context, datasets, losses, optimizers binding at build, Model's
+run context, the fault-tolerance callbacks' checks, and a script's exception as one line."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import dsim
+from conftest import ROOT, launch_env
+from dsim import nn
+from dsim.config import ConfigError
+from dsim.context import fit_layout
+from dsim.data import DatasetError
+from dsim.nn.layers import softmax_cross_entropy
+from dsim.optim import LRSchedule
+from dsim.parallel.layout import LayoutError
+
+
+@pytest.fixture
+def context():
+    """A fresh context on COMM_SELF, and the interpreter's exception hook back afterwards."""
+    saved = (sys.excepthook, dict(vars(dsim.get_context())))
+    dsim.init(MPI.COMM_SELF)
+    dsim.set_auto_parallel_context(data_parallel=1, model_parallel=1)
+    dsim.set_context(dtype="float64")
+    yield dsim.get_context()
+    sys.excepthook = saved[0]
+    vars(dsim.get_context()).update(saved[1])
+
+
+def test_readme_shows_the_fault_recovery_example_whole():
+    readme = (ROOT / "README.md").read_text()
+    assert "```python\n" + (ROOT / "examples" / "fault_recover" / "fault_recover.py").read_text() + "```" in readme
+
+
+def test_layout_fits_the_world():
+    assert fit_layout(8, None, 4, 1).data_parallel == 2
+    with pytest.raises(LayoutError, match="model_parallel=3 does not divide the world size 8"):
+        fit_layout(8, None, 3, 1)
+    with pytest.raises(LayoutError, match="= 4 ranks does not fit the world size 8"):
+        fit_layout(8, 2, 2, 1)
+
+
+def test_dataset_batch_take_split(context):
+    data = dsim.dataset.SyntheticMnist(100)
+    train, held_out = data.split([0.8, 0.2])
+    assert (len(train.source), len(held_out.source)) == (80, 20)
+    assert np.array_equal(held_out.source.get([0, 1])[0], data.source.get([80, 81])[0])  # disjoint, in order
+    assert train.batch(16).get_dataset_size() == 5 and train.batch(16).take(3).get_dataset_size() == 3
+    with pytest.raises(DatasetError, match="call .batch"):
+        train.get_dataset_size()
+    with pytest.raises(DatasetError, match="drop the remainder"):
+        train.batch(16, drop_remainder=False)
+    with pytest.raises(DatasetError, match="do not add up to the 100 samples"):
+        data.split([50, 40])
+    bound = train.batch(16).bind(1, 0, seed=1)
+    with pytest.raises(DatasetError, match="in use by a model"):
+        bound.take(2)
+
+
+def test_losses_and_optimizers_by_mindspore_names():
+    logits, labels = np.random.default_rng(0).normal(size=(4, 10)), np.array([1, 2, 3, 4])
+    loss, grad = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")(logits, labels, 8)
+    want = softmax_cross_entropy(logits, labels, 8)
+    assert loss == want[0] and np.array_equal(grad, want[1])
+    with pytest.raises(ValueError, match="sparse=True, reduction='mean' only"):
+        nn.SoftmaxCrossEntropyWithLogits(sparse=False)
+    optim = nn.Momentum([], 0.01, 0.9)  # as a script makes it, before the network is built
+    assert optim.params == [] and optim.learning_rate == LRSchedule(0.01) and optim.current_lr() == 0.01
+
+
+def test_model_builds_binds_and_passes_the_run_context(context):
+    seen = []
+
+    class Record(dsim.Callback):
+        def step_end(self, run_context):
+            cb = run_context.original_args()
+            seen.append((cb.cur_epoch_num, cb.cur_step_in_epoch, cb.cur_step_num, cb.batch_num, cb.epoch_num,
+                         round(float(cb.net_outputs), 12), cb.train_network is net, cb.device_number))
+
+    net = nn.Network([16])
+    optim = nn.OptTFTWrapper(nn.Adam(net.trainable_params(), learning_rate=0.01))
+    assert net.trainable_params() == [] and optim.params == []
+    model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=optim)
+    dataset = dsim.dataset.SyntheticMnist(64).batch(16).take(2)
+    model.train(2, dataset, callbacks=Record())
+    assert [s[:5] for s in seen] == [(1, 1, 1, 2, 2), (1, 2, 2, 2, 2), (2, 1, 3, 2, 2), (2, 2, 4, 2, 2)]
+    assert all(s[6] and s[7] == 1 for s in seen) and len({s[5] for s in seen}) == 4
+    assert [p.name for p in optim.params] == [p.name for p in net.trainable_params()] != []
+    assert optim.global_step == 4 and set(optim.state) == {"moment1", "moment2"}
+    assert 0 <= model.eval(dsim.dataset.SyntheticMnist(32).batch(16))["accuracy"] <= 1
+    model.groups.free()
+
+
+def test_fault_tolerance_callbacks_need_the_wrapped_optimizer(context):
+    net = nn.Network([16])
+    model = dsim.Model(net, optimizer=nn.SGD(net.trainable_params(), 0.1))
+    with pytest.raises(ConfigError, match=r"TFTRegister needs the optimizer wrapped: nn.OptTFTWrapper\(optimizer\)"):
+        model.train(1, dsim.dataset.SyntheticMnist(32).batch(16), callbacks=[dsim.TFTRegister()])
+    model.groups.free()
+
+
+def test_an_exception_that_ends_a_script_is_one_line(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import dsim\ndsim.init()\nraise Exception('Some errors happen.')\n")
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=launch_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1
+    assert p.stderr.splitlines()[-1] == "dsim: error: rank 0: Some errors happen. (traceback in logs/rank_0.err)"
+    assert "Traceback" not in p.stderr and "Exception: Some errors happen." in Path(tmp_path / "logs" / "rank_0.err").read_text()
