@@ -1,16 +1,6 @@
 #!/usr/bin/env bash
-# The last-gasp page's msrun-resume.sh: mindio_ttp_case.py --is_recover=1 on RANK_SIZE ranks (default 8) with the last-gasp checkpoint on
-# (MS_ENABLE_TFT='{TTP:1}') and MPI fault tolerance (mpirun --with-ft ulfm, launch/ft.sh), in the current directory.
+# The last-gasp page's msrun-resume.sh: msrun.sh with --is_recover=1, resuming from the newest last-gasp checkpoint
+# in ./ttp_checkpoints.
 #
 #   bash examples/last_gasp/msrun-resume.sh [options of mindio_ttp_case.py]
-set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DSIM_ROOT=$(cd "$HERE/../.." && pwd)
-. "$DSIM_ROOT/launch/env.sh"
-. "$DSIM_ROOT/launch/ft.sh"
-. "$DSIM_ROOT/launch/watch.sh"
-dsim_venv
-export MS_ENABLE_TFT='{TTP:1}'
-echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n ${RANK_SIZE:-8} python $HERE/mindio_ttp_case.py --is_recover=1 $*" >&2
-# shellcheck disable=SC2086
-dsim_watched mpirun $DSIM_FT_MPIRUN_ARGS -n "${RANK_SIZE:-8}" python "$HERE/mindio_ttp_case.py" --is_recover=1 "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/msrun.sh" --is_recover=1 "$@"
