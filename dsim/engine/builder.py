@@ -22,11 +22,19 @@ def resolve_layout(cfg: Config, world_size: int) -> ParallelLayout:
     p = cfg.parallel
     dp = p.data_parallel
     if dp is None:
-        if world_size % p.model_parallel:
-            raise ConfigError(f"layout: model_parallel={p.model_parallel} does not divide the world size {world_size}")
-        dp = world_size // p.model_parallel
-    layout = ParallelLayout(dp, p.model_parallel, p.optimizer_shard)
+        per_stage = p.model_parallel * p.pipeline_stage
+        if world_size % per_stage:
+            what = (f"pipeline_stage={p.pipeline_stage} x model_parallel={p.model_parallel} = {per_stage}"
+                    if p.pipeline_stage > 1 else f"model_parallel={p.model_parallel}")
+            raise ConfigError(f"layout: {what} does not divide the world size {world_size}")
+        dp = world_size // per_stage
+    layout = ParallelLayout(dp, p.model_parallel, p.optimizer_shard, p.pipeline_stage)
     layout.check_world_size(world_size)
+    local = cfg.data.batch_size // dp
+    if cfg.data.batch_size % dp == 0 and local % p.micro_batch_num:
+        raise ConfigError(f"layout: micro_batch_num={p.micro_batch_num} does not divide the batch of "
+                          f"{local} per data-parallel rank (data.batch_size={cfg.data.batch_size} / "
+                          f"data_parallel={dp})")
     return layout
 
 
@@ -108,7 +116,8 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     sampler = DistributedSampler(len(source), d.batch_size, layout.data_parallel, groups.coords.dp,
                                  shuffle=d.shuffle, seed=cfg.seed)
     loader = DataLoader(source, sampler, cfg.train.steps_per_epoch)
-    model = Model(network, optimizer, groups, d.batch_size)
+    pp = cfg.parallel
+    model = Model(network, optimizer, groups, d.batch_size, pp.micro_batch_num, pp.pipeline_schedule)
     model.seed, model.loader = cfg.seed, loader
     run = Run(cfg, groups, network, optimizer, model, loader)
     if cfg.tft.uce or cfg.tft.arf:

@@ -22,13 +22,18 @@ class Model:
     4. optimizer update of the owned slices, then all-gather over the optimizer-shard group.
     """
 
-    def __init__(self, network, optimizer, groups: Groups, global_batch_size: int):
+    def __init__(self, network, optimizer, groups: Groups, global_batch_size: int, micro_batch_num: int = 1,
+                 pipeline_schedule: str = "1f1b"):
         self.network = network
         self.optimizer = optimizer
         self.groups = groups
         self.global_batch_size = global_batch_size
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
         self._buckets = None
+        self.pipeline = None  # dsim.parallel.pipeline.Pipeline with pipeline stages or micro-batches
+        if groups.layout.pipeline_stage > 1 or micro_batch_num > 1:
+            from ..parallel.pipeline import Pipeline
+            self.pipeline = Pipeline(network, groups.layout, groups.rank, micro_batch_num, pipeline_schedule)
 
     def train_step(self, inputs, labels: np.ndarray) -> float:
         """One training step; returns the global-batch mean loss (identical on every rank).
@@ -38,6 +43,8 @@ class Model:
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
         buckets = self.buckets  # before backward: the layers write the gradients into it
+        if self.pipeline is not None:
+            return self._pipelined_step(inputs, labels, buckets, step)
         # forward
         logits = net.forward(inputs, groups.mp, halfway=lambda: faults.at_point("forward", step))
         loss, dlogits = net.loss(logits, labels, self.global_batch_size, groups.dp)
@@ -50,6 +57,17 @@ class Model:
         self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
         self.optimizer.sync(groups.shard)
         return float(buckets.loss[0])
+
+    def _pipelined_step(self, inputs, labels, buckets, step) -> float:
+        """The step with micro-batches through the pipeline stages (dsim.parallel.pipeline), then as above:
+        the dp reduction of the summed gradients and the loss, the update, the optimizer-shard sync."""
+        groups = self.groups
+        buckets.loss[0] = self.pipeline.run(groups.world, groups.mp, groups.dp, inputs, labels, buckets.flat[:-1],
+                                            self.global_batch_size, halfway=lambda: faults.at_point("forward", step))
+        buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
+        self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
+        self.optimizer.sync(groups.shard)
+        return self.pipeline.share_loss(groups.world, float(buckets.loss[0]))
 
     @property
     def buckets(self) -> GradientBuckets:
