@@ -1,6 +1,6 @@
 """Pipeline parallel: time per step with p = 1, 2, 4 stages on the same ranks, global batch and micro-batches.
 
-bench.training_ranks trains (no checkpoints) the MLP on 8 ranks as pp1 x dp8, pp2 x dp4 and pp4 x dp2
+bench.training_ranks trains (no checkpoints, global batch 32) the MLP on 8 ranks as pp1 x dp8, pp2 x dp4 and pp4 x dp2
 (model_parallel 1), each with the same global batch cut into the same m micro-batches per step, and reports
 each time per step beside the one without stages, and the ideal bubble fraction (p - 1) / (m + p - 1) of a
 synchronous schedule (1F1B, MindSpore's): the share of a step a stage would idle if every micro-batch took
@@ -16,12 +16,13 @@ from .harness import ROOT, row, run_worker
 
 NAME = "pipeline"
 TITLE = "Pipeline parallel: time per step with p stages / without, same ranks, batch and micro-batches"
-SIZES = {"full": {"ranks": 8, "stages": [1, 2, 4], "micro": 8, "steps": 15, "repeats": 3, "timeout": 1800,
-                  "overrides": ["model.hidden=[512,2048,2048,512]", "data.batch_size=64"]},
-         "quick": {"ranks": 8, "stages": [1, 2, 4], "micro": 8, "steps": 10, "repeats": 3, "timeout": 900,
-                   "overrides": ["model.hidden=[128,1024,1024,128]", "data.batch_size=64"]},
+# bench.training_ranks trains on global batches of 32: 4 samples per rank at dp8, so at most 4 micro-batches.
+SIZES = {"full": {"ranks": 8, "stages": [1, 2, 4], "micro": 4, "steps": 15, "repeats": 3, "timeout": 1800,
+                  "overrides": ["model.hidden=[512,2048,2048,512]"]},
+         "quick": {"ranks": 8, "stages": [1, 2, 4], "micro": 4, "steps": 10, "repeats": 3, "timeout": 900,
+                   "overrides": ["model.hidden=[128,1024,1024,128]"]},
          "toy": {"ranks": 2, "stages": [1, 2], "micro": 2, "steps": 4, "repeats": 1, "timeout": 300,
-                 "overrides": ["model.hidden=[16,32,32,16]", "data.batch_size=8"]}}
+                 "overrides": ["model.hidden=[16,32,32,16]"]}}
 
 
 def run(params: dict, workdir, opts) -> dict:

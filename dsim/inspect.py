@@ -157,6 +157,15 @@ def _stage_of(layout, rank: int):
         return None
 
 
+def _layer_of(parameter: str) -> str:
+    """The layer (or transformer block) a parameter belongs to: layer2.bias -> layer2,
+    encoder.blocks.0.attention.dense1.weight -> encoder.blocks.0."""
+    parts = parameter.split(".")
+    if "blocks" in parts[:-2]:
+        return ".".join(parts[:parts.index("blocks") + 2])
+    return parts[0]
+
+
 def _stages(record: dict) -> list:
     """[(stage, first rank, last rank, [parameter names])] of a pipelined checkpoint's record, else []."""
     layout = record.get("layout")
@@ -241,8 +250,9 @@ def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
         print(f"  replica sets (group info): {_sets(d['replica_sets'])}")
     newest = committed[-1] if committed else None
     for stage, first, last, names in (newest or {}).get("stages", []):
-        shown = ", ".join(names[:4]) + (f", … ({len(names)} parameters)" if len(names) > 4 else "")
-        print(f"  pipeline stage {stage}: ranks {first}-{last}, {shown or 'no parameters'}")
+        layers = list(dict.fromkeys(_layer_of(n) for n in names))
+        shown = ", ".join(layers[:6]) + (f", … ({len(layers)} layers)" if len(layers) > 6 else "")
+        print(f"  pipeline stage {stage}: ranks {first}-{last}: {shown or 'no parameters'} ({len(names)} parameters)")
     shown = entries if all_shards else [e for e in entries if e["committed"]][-1:] + [
         e for e in entries if e["present"] < e["files"] and e["committed"]]
     for e in {id(e): e for e in shown}.values():
