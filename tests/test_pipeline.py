@@ -114,3 +114,15 @@ def test_the_save_plan_puts_each_parameter_on_its_stage():
     assert tensor_holders(spec, layout, 5) == [4, 5] and spec.stage == 1
     meta = graph_meta("net", layout, mlp.specs, ("moments",))
     assert [p["stage"] for p in meta["parameters"]] == [s.stage for s in mlp.specs]
+
+
+def test_a_checkpoint_of_another_stage_count_is_refused_naming_it():
+    from dsim.checkpoint.errors import CheckpointError
+    from dsim.checkpoint.loader import check_compatible
+    saved = {"world_size": 8, "layout": ParallelLayout(2, 2, 1, pipeline_stage=2).to_dict()}
+    with pytest.raises(CheckpointError, match="saved with pipeline_stage=2, this run has pipeline_stage=1"):
+        check_compatible(saved, ParallelLayout(4, 2), 8, "x.commit")
+    old = {"world_size": 8, "layout": {"data_parallel": 2, "model_parallel": 4, "optimizer_shard": 1}}
+    check_compatible(old, ParallelLayout(2, 4), 8, "x.commit")   # records without stages still fit
+    with pytest.raises(CheckpointError, match="saved with pipeline_stage=1, this run has pipeline_stage=2"):
+        check_compatible(old, ParallelLayout(1, 4, 1, pipeline_stage=2), 8, "x.commit")
