@@ -21,7 +21,7 @@ from pathlib import Path
 from . import harness
 from .page_cache import drop_all_permitted
 
-SUITES = ["step", "save_load", "planning", "training", "recovery", "models"]  # modules of bench/, run in this order
+SUITES = ["step", "save_load", "planning", "training", "recovery", "models", "pipeline"]  # modules of bench/, run in this order
 DEFAULT_OUT = harness.ROOT / "bench" / "results" / "latest.json"
 
 

@@ -31,6 +31,9 @@ class ParallelConfig:
     model_parallel: int = 4
     optimizer_shard: int = 1
     vocab_emb_dp: bool = True      # transformer: word embeddings whole on every rank (false: split over mp)
+    pipeline_stage: int = 1        # p stages of dp x mp ranks each (MindSpore's pipeline_stages)
+    micro_batch_num: int = 1       # micro-batches per step (MindSpore's PipelineCell(net, micro_batch_num)), >= p
+    pipeline_schedule: str = "1f1b"  # 1f1b (MindSpore's) | gpipe (all forwards, then all backwards)
 
 
 @dataclass
@@ -264,6 +267,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config: {key} must be >= 1, got {value}")
     if cfg.data.eval_samples < 0:
         raise ConfigError(f"config: data.eval_samples must be >= 0, got {cfg.data.eval_samples}")
+    if cfg.data.eval_samples and cfg.parallel.pipeline_stage > 1:
+        raise ConfigError("config: data.eval_samples with parallel.pipeline_stage > 1 is not supported yet "
+                          "(each stage holds part of the network)")
     if cfg.tft.spares < 0:
         raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
     f = cfg.fault
@@ -341,10 +347,16 @@ def ranges(cfg: Config) -> None:
         _need(len(h) >= 1, "model.hidden", "a list of one or more widths", h)
         _need(all(w <= MAX_WIDTH for w in h), "model.hidden", f"widths <= {MAX_WIDTH}", h)
     p = cfg.parallel
-    for key in ("data_parallel", "model_parallel", "optimizer_shard"):
+    for key in ("data_parallel", "model_parallel", "optimizer_shard", "pipeline_stage", "micro_batch_num"):
         value = getattr(p, key, None)
         if value is not None:
             _need(isinstance(value, int) and value >= 1, f"parallel.{key}", "an integer >= 1", value)
+    from .parallel.pipeline import SCHEDULES
+    _need(p.pipeline_schedule in SCHEDULES, "parallel.pipeline_schedule", f"one of {', '.join(SCHEDULES)}",
+          p.pipeline_schedule)
+    _need(p.micro_batch_num >= p.pipeline_stage, "parallel.micro_batch_num",
+          f">= parallel.pipeline_stage={p.pipeline_stage} (MindSpore requires micro_batch_num >= pipeline stages)",
+          p.micro_batch_num)
     c = cfg.checkpoint
     prefix_ok = bool(c.prefix) and c.prefix not in (".", "..") and not any(ch in c.prefix for ch in "/\\\0")
     _need(prefix_ok, "checkpoint.prefix", "a plain file name (no '/')", c.prefix)

@@ -30,6 +30,9 @@ class Context:
     data_parallel: object = None         # None: world size / model_parallel
     model_parallel: int = 1
     optimizer_shard: int = 1             # MindSpore's optimizer_weight_shard_size
+    pipeline_stage: int = 1              # p stages of dp x mp ranks (MindSpore's pipeline_stages)
+    micro_batch_num: int = 1             # micro-batches per step (MindSpore's PipelineCell(net, micro_batch_num))
+    pipeline_schedule: str = "1f1b"      # 1f1b | gpipe
     vocab_emb_dp: bool = True            # the transformer's word embeddings whole on every rank
     seed: int = 1
     dtype: np.dtype = field(default_factory=lambda: np.dtype("float32"))
@@ -37,17 +40,23 @@ class Context:
 
     def layout(self) -> ParallelLayout:
         """The layout on this world (raises LayoutError naming the numbers when it does not fit)."""
-        return fit_layout(self.comm.size, self.data_parallel, self.model_parallel, self.optimizer_shard)
+        return fit_layout(self.comm.size, self.data_parallel, self.model_parallel, self.optimizer_shard,
+                          self.pipeline_stage)
 
 
-def fit_layout(world_size: int, data_parallel, model_parallel: int, optimizer_shard: int) -> ParallelLayout:
-    """dp x mp on world_size ranks (data_parallel None: the rest of the world); LayoutError when it does not fit."""
+def fit_layout(world_size: int, data_parallel, model_parallel: int, optimizer_shard: int,
+               pipeline_stage: int = 1) -> ParallelLayout:
+    """p stages of dp x mp on world_size ranks (data_parallel None: the rest of the world); LayoutError when it
+    does not fit."""
     dp = data_parallel
     if dp is None:
-        if world_size % model_parallel:
-            raise LayoutError(f"layout: model_parallel={model_parallel} does not divide the world size {world_size}")
-        dp = world_size // model_parallel
-    layout = ParallelLayout(dp, model_parallel, optimizer_shard)
+        per_stage = model_parallel * pipeline_stage
+        if world_size % per_stage:
+            what = (f"pipeline_stage={pipeline_stage} x model_parallel={model_parallel} = {per_stage}"
+                    if pipeline_stage > 1 else f"model_parallel={model_parallel}")
+            raise LayoutError(f"layout: {what} does not divide the world size {world_size}")
+        dp = world_size // per_stage
+    layout = ParallelLayout(dp, model_parallel, optimizer_shard, pipeline_stage)
     layout.check_world_size(world_size)
     return layout
 
@@ -96,16 +105,20 @@ def _world():
 
 
 def set_auto_parallel_context(data_parallel=None, model_parallel=None, optimizer_shard=None, vocab_emb_dp=None,
+                              pipeline_stages=None, micro_batch_num=None, pipeline_schedule=None,
                               optimizer_weight_shard_size=None) -> None:
-    """The layout: data_parallel x model_parallel ranks (data_parallel None: the rest of the world),
-    optimizer_shard (or MindSpore's optimizer_weight_shard_size) ranks sharing the optimizer state."""
+    """The layout: pipeline_stages x data_parallel x model_parallel ranks (data_parallel None: the rest of the
+    world), optimizer_shard (or MindSpore's optimizer_weight_shard_size) ranks sharing the optimizer state,
+    micro_batch_num micro-batches per step in the pipeline_schedule ("1f1b" or "gpipe")."""
     if optimizer_weight_shard_size is not None:
         optimizer_shard = optimizer_weight_shard_size
     for key, value in (("data_parallel", data_parallel), ("model_parallel", model_parallel),
-                       ("optimizer_shard", optimizer_shard), ("vocab_emb_dp", vocab_emb_dp)):
+                       ("optimizer_shard", optimizer_shard), ("vocab_emb_dp", vocab_emb_dp),
+                       ("pipeline_stage", pipeline_stages), ("micro_batch_num", micro_batch_num),
+                       ("pipeline_schedule", pipeline_schedule)):
         if value is not None:
             setattr(_context, key, value)
-    if data_parallel is None and model_parallel is not None:
+    if data_parallel is None and (model_parallel is not None or pipeline_stages is not None):
         _context.data_parallel = None
 
 

@@ -133,7 +133,10 @@ def describe_dir(catalog: CheckpointDir, verify_it: bool) -> dict:
                              if isinstance(indexes[s.rank], ShardIndex) else None,
                              "error": None if isinstance(indexes[s.rank], ShardIndex) else indexes[s.rank]}
                             for s in c.shards],
-                 "replica_sets": group_sets(indexes, c) if c.committed else []}
+                 "replica_sets": group_sets(indexes, c) if c.committed else [],
+                 "stages": _stages(rec)}
+        for shard in entry["shards"]:
+            shard["stage"] = _stage_of(rec.get("layout"), shard["rank"])
         if verify_it and c.committed:
             entry["verify"] = verify(c).to_dict()
         if c.committed:
@@ -142,6 +145,45 @@ def describe_dir(catalog: CheckpointDir, verify_it: bool) -> dict:
     problems = list(catalog.problems) + [f"{e['name']}: {p}" for e in entries for p in e.get("verify", {}).get("problems", [])]
     return {"path": str(catalog.path), "checkpoints": entries, "replica_sets": sets, "notes": catalog.notes,
             "clean": not problems if verify_it else None, "problems": problems if verify_it else list(catalog.problems)}
+
+
+def _stage_of(layout, rank: int):
+    """The pipeline stage of a rank in a stored layout (None without stages)."""
+    if not isinstance(layout, dict) or layout.get("pipeline_stage", 1) == 1:
+        return None
+    try:
+        return rank // (int(layout["data_parallel"]) * int(layout["model_parallel"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _layer_of(parameter: str) -> str:
+    """The layer (or transformer block) a parameter belongs to: layer2.bias -> layer2,
+    encoder.blocks.0.attention.dense1.weight -> encoder.blocks.0."""
+    parts = parameter.split(".")
+    if "blocks" in parts[:-2]:
+        return ".".join(parts[:parts.index("blocks") + 2])
+    return parts[0]
+
+
+def _stages(record: dict) -> list:
+    """[(stage, first rank, last rank, [parameter names])] of a pipelined checkpoint's record, else []."""
+    layout = record.get("layout")
+    if _stage_of(layout, 0) is None:
+        return []
+    from .checkpoint import progression
+    p = int(layout["pipeline_stage"])
+    size = int(layout["data_parallel"]) * int(layout["model_parallel"])
+    names = {s: [] for s in range(p)}
+    for entry in record.get("slices") or []:
+        tensor = str(entry.get("tensor", ""))
+        try:
+            first = min(r.start for r in progression.set_from_json(entry.get("holders")))
+        except Exception:  # noqa: BLE001 - a damaged record is reported by --verify, not here
+            continue
+        if tensor.startswith("params/") and tensor[7:] not in names.get(first // size, [tensor[7:]]):
+            names[first // size].append(tensor[7:])
+    return [(s, s * size, (s + 1) * size - 1, names[s]) for s in range(p)]
 
 
 def _group_info(stored):
@@ -177,7 +219,8 @@ def _size(n) -> str:
 def _layout(layout) -> str:
     if not isinstance(layout, dict):
         return "?"
-    return f"dp={layout.get('data_parallel')} mp={layout.get('model_parallel')} k={layout.get('optimizer_shard')}"
+    stages = f"pp={layout['pipeline_stage']} " if layout.get("pipeline_stage", 1) != 1 else ""
+    return f"{stages}dp={layout.get('data_parallel')} mp={layout.get('model_parallel')} k={layout.get('optimizer_shard')}"
 
 
 def _sets(sets, show=8) -> str:
@@ -205,6 +248,11 @@ def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
         print(f"  note: {note}")
     if d["replica_sets"]:
         print(f"  replica sets (group info): {_sets(d['replica_sets'])}")
+    newest = committed[-1] if committed else None
+    for stage, first, last, names in (newest or {}).get("stages", []):
+        layers = list(dict.fromkeys(_layer_of(n) for n in names))
+        shown = ", ".join(layers[:6]) + (f", … ({len(layers)} layers)" if len(layers) > 6 else "")
+        print(f"  pipeline stage {stage}: ranks {first}-{last}: {shown or 'no parameters'} ({len(names)} parameters)")
     shown = entries if all_shards else [e for e in entries if e["committed"]][-1:] + [
         e for e in entries if e["present"] < e["files"] and e["committed"]]
     for e in {id(e): e for e in shown}.values():
@@ -212,6 +260,7 @@ def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
         w = max(len(s["file"]) for s in e["shards"])
         for s in e["shards"]:
             extra = f"group info {s['group_info']}" if s["group_info"] is not None else (s["error"] or "")
+            extra = (f"stage {s['stage']}  " if s.get("stage") is not None else "") + extra
             print(f"    rank {s['rank']:<3} {s['file']:<{w}}  {_size(s['size']):>10}  {extra}".rstrip())
     if verified:
         for e in entries:

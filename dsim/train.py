@@ -41,10 +41,12 @@ def parse_args(argv=None):
 
 def describe(run) -> str:
     """One header line: ranks, layout, model, optimizer, schedule of the run."""
-    cfg, layout = run.cfg, run.groups.layout
+    cfg, layout, p = run.cfg, run.groups.layout, run.cfg.parallel
     return (f"dsim: {run.groups.world.size} ranks, data_parallel={layout.data_parallel} "
-            f"model_parallel={layout.model_parallel} optimizer_shard={layout.optimizer_shard}; "
-            f"{cfg.model.name} {run.network.describe()} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
+            f"model_parallel={layout.model_parallel} optimizer_shard={layout.optimizer_shard}"
+            + (f" pipeline_stage={layout.pipeline_stage}" if layout.pipeline_stage > 1 else "")
+            + (f" micro_batch_num={p.micro_batch_num} ({p.pipeline_schedule})" if run.model.pipeline else "")
+            + f"; {cfg.model.name} {run.network.describe()} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
             f"{cfg.train.epochs} epoch(s) x {run.loader.get_dataset_size()} steps of global batch {cfg.data.batch_size}"
             + (f"; {cfg.tft.spares} warm spare(s)" if cfg.tft.spares else ""))
 

@@ -78,7 +78,7 @@ def test_bench_runs_at_toy_size(tmp_path):
                         "--workdir", str(tmp_path / "work")], ROOT, 900, 0)
     assert "| figure | min | median | target |" in proc.stdout
     results = json.loads(out.read_text())
-    assert list(results["suites"]) == ["step", "save_load", "planning", "training", "recovery", "models"]
+    assert list(results["suites"]) == ["step", "save_load", "planning", "training", "recovery", "models", "pipeline"]
     assert results["machine"]["cores"] >= 1 and results["versions"]["h5py"]
     assert list((tmp_path / "work").iterdir()) == []  # every benchmark file removed
 
@@ -125,9 +125,13 @@ def test_bench_runs_at_toy_size(tmp_path):
     assert set(models) == {"lenet5", "transformer"}
     assert all(len(f["ranks_over_single"]) == 1 and f["single_step_s"][0] > 0 for f in models.values())
 
+    pipe = results["suites"]["pipeline"]["figures"]  # pp1 x dp2 and pp2 x dp1, 2 micro-batches
+    assert set(pipe) == {"pp1", "pp2"} and pipe["pp2"]["ideal_bubble"] == 1 / 3
+    assert pipe["pp2"]["step_s"][0] > 0 and pipe["pp1"]["over_pp1"] == [1.0]
+
 
 def test_bench_unknown_suite_is_one_error_line(tmp_path):
     proc = run_command([sys.executable, "-m", "bench", "--only", "nope", "--out", str(tmp_path / "x.json")],
                        ROOT, 60, 2)
-    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: step, save_load, planning, training, recovery, models)"]
+    assert proc.stderr.strip().splitlines() == ["bench: error: unknown suite nope (known: step, save_load, planning, training, recovery, models, pipeline)"]
     assert not (tmp_path / "x.json").exists()

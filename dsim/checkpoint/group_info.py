@@ -3,11 +3,12 @@
 A pure function of the layout. Two ranks are replicas when they have the same model-parallel index and
 the same optimizer-shard index; with optimizer shard k = dp a rank has no replica but itself.
 
-A replica set is an arithmetic progression, `range(shard * mp + m, world, mp * k)`, and is stored as one
+A replica set is an arithmetic progression, `range(stage * S + shard * mp + m, (stage + 1) * S, mp * k)` with
+S = dp x mp the ranks of a pipeline stage (without stages: `range(shard * mp + m, world, mp * k)`), stored as one
 (progression.py): in every checkpoint file's `group_info` attribute and in `rank_<r>/group_info.json`, so
 neither grows with the world size. `restore_group_info_list` still returns MindSpore's full list of ranks,
 expanded from it; group info written before (format `dsim-group-info/1`, a list of ranks) still reads.
-`replica_ranges` gives every replica set once in O(mp x k); `replica_sets` lists their ranks (O(world)).
+`replica_ranges` gives every replica set once in O(p x mp x k); `replica_sets` lists their ranks (O(world)).
 """
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ def group_info(layout: ParallelLayout, rank: int) -> list[int]:
 def group_range(layout: ParallelLayout, rank: int) -> range:
     """rank's group info as a progression (canonical form): dp2 x mp4, rank 0 -> range(0, 5, 4), i.e. [0, 4]."""
     c = layout.coords(rank)
+    return _replica_range(layout, c.stage, c.shard, c.mp)
+
+
+def _replica_range(layout: ParallelLayout, stage: int, shard: int, mp: int) -> range:
+    stage_ranks = layout.stage_ranks(stage)
     period = layout.model_parallel * layout.optimizer_shard
-    return progression.canonical(range(c.shard * layout.model_parallel + c.mp, layout.world_size, period))
+    return progression.canonical(range(stage_ranks.start + shard * layout.model_parallel + mp, stage_ranks.stop, period))
 
 
 def group_info_attr(layout: ParallelLayout, rank: int) -> dict:
@@ -59,9 +65,11 @@ def group_info_list(value) -> list[int]:
 
 
 def replica_ranges(layout: ParallelLayout) -> list[range]:
-    """Every replica set once as a progression, ordered by its first rank (the set index s * mp + m)."""
-    mp, k, world = layout.model_parallel, layout.optimizer_shard, layout.world_size
-    return [progression.canonical(range(i, world, mp * k)) for i in range(mp * k)]
+    """Every replica set once as a progression, ordered by its first rank (the set index
+    (stage * k + s) * mp + m)."""
+    mp, k = layout.model_parallel, layout.optimizer_shard
+    return [_replica_range(layout, stage, s, m) for stage in range(layout.pipeline_stage)
+            for s in range(k) for m in range(mp)]
 
 
 def replica_sets(layout: ParallelLayout) -> list[list[int]]:
@@ -103,19 +111,20 @@ def tensor_holders(spec, layout: ParallelLayout, rank: int) -> list[int]:
 
     The replica set for slices split over mp and sliced by optimizer shard; more for tensors replicated
     beyond it: a tensor replicated over mp (LayerNorm, a row layer's bias, a dp embedding) is held by
-    ranks of every mp index, one that optimizer shard leaves whole by every rank of the dp group.
+    ranks of every mp index, one that optimizer shard leaves whole by every rank of the dp group. All of them
+    in the parameter's pipeline stage (rank must be one of its ranks).
     """
     c = layout.coords(rank)
     mps = [c.mp] if spec.mp_axis is not None else range(layout.model_parallel)
     dps = range(c.shard, layout.data_parallel, layout.optimizer_shard) if is_opt_sharded(spec, layout) else \
         range(layout.data_parallel)
-    return sorted(layout.rank_of(d, m) for d in dps for m in mps)
+    return sorted(layout.rank_of(d, m, c.stage) for d in dps for m in mps)
 
 
 def holder_sets(specs, layout: ParallelLayout) -> dict:
     """Every distinct holder set of any slice of any parameter -> the names of the tensors with such slices."""
     out = {}
     for spec in specs:
-        for rank in range(layout.world_size):
+        for rank in layout.stage_ranks(spec.stage):
             out.setdefault(tuple(tensor_holders(spec, layout, rank)), set()).add(spec.name)
     return {h: sorted(names) for h, names in sorted(out.items())}

@@ -149,10 +149,12 @@ def check_compatible(meta: dict, layout, world_size: int, path) -> None:
         return  # full tensors re-slice to any layout
     if meta["world_size"] != world_size:
         raise CheckpointError(f"{path} was saved by {meta['world_size']} ranks, this run has {world_size}")
-    saved = meta["layout"]
-    for key, value in layout.to_dict().items():
-        if saved.get(key) != value:
-            raise CheckpointError(f"{path} was saved with {key}={saved.get(key)}, this run has {key}={value}")
+    saved, current = dict(meta["layout"]), layout.to_dict()
+    saved.setdefault("pipeline_stage", 1)   # layouts without stages leave it out
+    current.setdefault("pipeline_stage", 1)
+    for key in ("pipeline_stage", *current):
+        if saved.get(key) != current[key]:
+            raise CheckpointError(f"{path} was saved with {key}={saved.get(key)}, this run has {key}={current[key]}")
 
 
 def restore(run, path) -> ParamDict:

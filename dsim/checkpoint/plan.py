@@ -46,13 +46,13 @@ class SavePlan:
     """All distinct slices of a checkpoint; every rank of a holder set writes the slice to its own file."""
 
     layout: ParallelLayout
-    replica_sets: list   # range per replica set (index s * mp + m)
+    replica_sets: list   # range per replica set (index (stage * k + s) * mp + m)
     slices: tuple
 
     def set_of(self, rank: int) -> int:
-        """Index of rank's replica set (the order of group_info.replica_sets: shard index, then mp index)."""
+        """Index of rank's replica set (the order of group_info.replica_sets: stage, shard index, mp index)."""
         c = self.layout.coords(rank)
-        return c.shard * self.layout.model_parallel + c.mp
+        return (c.stage * self.layout.optimizer_shard + c.shard) * self.layout.model_parallel + c.mp
 
     def for_rank(self, rank: int) -> list:
         """The slices rank writes (its owned slices of every parameter and optimizer state)."""
@@ -63,16 +63,18 @@ class SavePlan:
         return sum(p.size for p in self.for_rank(rank))
 
     def holders(self, planned: PlannedSlice) -> list:
-        """The ranks holding a planned slice: the union of its replica sets, as progressions."""
+        """The ranks holding a planned slice: the union of its replica sets, as progressions (all in one stage)."""
         period = self.layout.model_parallel * self.layout.optimizer_shard
-        return progression.residues(planned.holders, period, self.layout.world_size)
+        stage = planned.holders[0] // period
+        return progression.residues([h - stage * period for h in planned.holders], period,
+                                    self.layout.stage_ranks(stage))
 
 
 def save_plan(layout: ParallelLayout, specs, slots=()) -> SavePlan:
     """The save plan of a layout: one entry per distinct (tensor, slice), with the replica sets holding it.
 
     Work and size grow with the number of distinct slices (tensors x mp x optimizer shard), not with the
-    world size.
+    world size. A parameter's slices are held by replica sets of its pipeline stage.
     """
     mp, k = layout.model_parallel, layout.optimizer_shard
     specs = list(specs)
@@ -81,8 +83,8 @@ def save_plan(layout: ParallelLayout, specs, slots=()) -> SavePlan:
         holders = {}  # slice -> replica-set indices, in first-seen order
         for s in range(k):
             for m in range(mp):
-                where = owned_slice(spec, layout, layout.rank_of(s, m))
-                holders.setdefault(where, []).append(s * mp + m)
+                where = owned_slice(spec, layout, layout.rank_of(s, m, spec.stage))
+                holders.setdefault(where, []).append((spec.stage * k + s) * mp + m)
         sharded = is_opt_sharded(spec, layout)
         for where, sets in holders.items():
             entries.append(PlannedSlice("params", spec.name, tuple(spec.shape), where, spec.split, sharded,
@@ -101,7 +103,8 @@ def graph_meta(prefix: str, layout: ParallelLayout, specs, slots=()) -> dict:
     return {"format": GRAPH_META_FORMAT, "prefix": prefix, "layout": layout.to_dict(),
             "world_size": layout.world_size,
             "parameters": [{"name": s.name, "shape": list(s.shape), "split": s.split,
-                            "opt_sharded": is_opt_sharded(s, layout)} for s in specs],
+                            "opt_sharded": is_opt_sharded(s, layout),
+                            **({"stage": s.stage} if layout.pipeline_stage > 1 else {})} for s in specs],
             "optimizer_state": sorted(f"{slot}.{s.name}" for slot in slots for s in specs),
             "replica_sets": replica_sets_json(layout)}
 

@@ -69,15 +69,17 @@ def size(ranges: Iterable[range]) -> int:
     return sum(len(p) for p in ranges)
 
 
-def residues(indices: Iterable[int], period: int, world: int) -> list:
-    """The ranks below world whose residue mod period is one of indices, as progressions.
+def residues(indices: Iterable[int], period: int, world) -> list:
+    """The ranks below world (an int) or in world (a range of ranks from its start) whose residue mod period,
+    counted from the start, is one of indices, as progressions.
 
     All residues -> one progression of step 1; else one of step period per residue (at most period).
     """
-    indices = sorted(set(i for i in indices if i < world))
+    span = world if isinstance(world, range) else range(0, world)
+    indices = sorted(set(i for i in indices if i < len(span)))
     if len(indices) == period or period == 1:
-        return [canonical(range(0, world))]
-    return [canonical(range(i, world, period)) for i in indices]
+        return [canonical(span)]
+    return [canonical(range(span.start + i, span.stop, period)) for i in indices]
 
 
 def compress(ranks: Iterable[int], period: int = None) -> list:

@@ -23,7 +23,7 @@ from .errors import CheckpointError
 from .async_save import BackgroundWrite, Snapshot
 from .format import Tensor, write_file
 from .group_info import group_info, group_info_attr, write_group_info
-from .plan import GRAPH_META_FORMAT, commit_record, replica_sets_json, save_plan
+from .plan import commit_record, graph_meta, save_plan
 
 
 def state_tensors(network, optimizer, arrays=None):
@@ -36,6 +36,11 @@ def state_tensors(network, optimizer, arrays=None):
         kind = "params" if name in params else "optimizer"
         p = params[name if kind == "params" else name.split(".", 1)[1]]  # state names are <slot>.<param>
         yield Tensor(kind, name, shape, where, arr if arrays is None else arrays[name], p.spec.split, p.opt_sharded)
+
+
+def _slots(optimizer) -> list:
+    """The optimizer's state slots (moments, ...), each holding a slice of every parameter."""
+    return sorted({s.split(".", 1)[0] for s, _, _ in optimizer.state_items()})
 
 
 def epoch_and_step(global_step: int, steps_per_epoch: int) -> tuple:
@@ -203,13 +208,8 @@ class ModelCheckpoint(Callback):
             if self.group_info_file:
                 write_group_info(self.group_info_file, layout, cb.rank)
             if cb.rank == 0:
-                cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta", {
-                    "format": GRAPH_META_FORMAT, "prefix": self.prefix, "layout": cb.layout,
-                    "world_size": cb.world_size,
-                    "parameters": [{"name": p.name, "shape": list(p.spec.shape), "split": p.spec.split,
-                                    "opt_sharded": p.opt_sharded} for p in cb.network.trainable_params()],
-                    "optimizer_state": sorted({s for s, _, _ in cb.optimizer.state_items()}),
-                    "replica_sets": replica_sets_json(layout)})
+                cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta",
+                                     graph_meta(self.prefix, layout, cb.network.specs, _slots(cb.optimizer)))
         except OSError as e:  # every rank must learn of it, or the others wait in the barrier forever
             error = error_text(e)
         failed = {r: e for r, e in enumerate(comm.allgather(error)) if e}
@@ -446,8 +446,7 @@ class ModelCheckpoint(Callback):
         """The save plan of this run's layout and state (the commit record's slices), made once."""
         layout = cb.model.groups.layout
         if getattr(self, "_plan_of", (None,))[0] != layout:
-            slots = sorted({s.split(".", 1)[0] for s, _, _ in cb.optimizer.state_items()})
-            self._plan_of = (layout, save_plan(layout, [p.spec for p in cb.network.trainable_params()], slots))
+            self._plan_of = (layout, save_plan(layout, cb.network.specs, _slots(cb.optimizer)))
         return self._plan_of[1]
 
     def _append_info(self, cb) -> dict:

@@ -184,9 +184,11 @@ def _list_sets(sets: list, show: int) -> str:
 
 
 def parse_layout(text: str) -> ParallelLayout:
-    """`dp=2,mp=4,k=1` (also data_parallel=, model_parallel=, optimizer_shard=) -> ParallelLayout."""
-    names = {"dp": "data_parallel", "mp": "model_parallel", "k": "optimizer_shard",
-             "data_parallel": "data_parallel", "model_parallel": "model_parallel", "optimizer_shard": "optimizer_shard"}
+    """`dp=2,mp=4,k=1` or `pp=2,dp=2,mp=2` (also data_parallel=, model_parallel=, optimizer_shard=,
+    pipeline_stage=) -> ParallelLayout."""
+    names = {"dp": "data_parallel", "mp": "model_parallel", "k": "optimizer_shard", "pp": "pipeline_stage",
+             "data_parallel": "data_parallel", "model_parallel": "model_parallel", "optimizer_shard": "optimizer_shard",
+             "pipeline_stage": "pipeline_stage"}
     values = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, sep, value = item.partition("=")

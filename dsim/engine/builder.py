@@ -26,11 +26,18 @@ def resolve_layout(cfg: Config, world_size: int) -> ParallelLayout:
     """The layout of the config on world_size ranks (data_parallel may be left out: the rest of the world)."""
     p = cfg.parallel
     try:
-        return fit_layout(world_size, p.data_parallel, p.model_parallel, p.optimizer_shard)
+        layout = fit_layout(world_size, p.data_parallel, p.model_parallel, p.optimizer_shard, p.pipeline_stage)
     except LayoutError as e:
         if p.data_parallel is None and "does not divide" in str(e):
             raise ConfigError(str(e)) from None
         raise
+    dp = layout.data_parallel
+    local = cfg.data.batch_size // dp
+    if cfg.data.batch_size % dp == 0 and local % p.micro_batch_num:
+        raise ConfigError(f"layout: micro_batch_num={p.micro_batch_num} does not divide the batch of "
+                          f"{local} per data-parallel rank (data.batch_size={cfg.data.batch_size} / "
+                          f"data_parallel={dp})")
+    return layout
 
 
 @dataclass
@@ -91,6 +98,7 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     layout = resolve_layout(cfg, comm.size)
     p = cfg.parallel
     use(comm, data_parallel=layout.data_parallel, model_parallel=p.model_parallel, optimizer_shard=p.optimizer_shard,
+        pipeline_stage=p.pipeline_stage, micro_batch_num=p.micro_batch_num, pipeline_schedule=p.pipeline_schedule,
         vocab_emb_dp=p.vocab_emb_dp, seed=cfg.seed, dtype=cfg.dtype, output_dir=cfg.output.dir)
     m = cfg.model
     try:

@@ -23,9 +23,10 @@ class Model:
     """
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, *, groups: Groups = None,
-                 global_batch_size: int = None):
-        """MindSpore's Model(network, loss_fn, optimizer, metrics). A script leaves groups and the batch size
-        out: build() takes them from the context (dsim.init) and the dataset; the CLI's builder gives them."""
+                 global_batch_size: int = None, micro_batch_num: int = None, pipeline_schedule: str = None):
+        """MindSpore's Model(network, loss_fn, optimizer, metrics). A script leaves the rest out: build() takes
+        the groups, micro_batch_num and pipeline_schedule from the context (dsim.init, set_auto_parallel_context)
+        and the batch size from the dataset."""
         self.network = network
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -35,6 +36,21 @@ class Model:
         self.seed, self.loader = None, None  # the run's seed, and the dataset it trains on (checkpoints record both)
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
         self._buckets = None
+        self.pipeline = None  # dsim.parallel.pipeline.Pipeline with pipeline stages or micro-batches
+        self._pipeline_options = (micro_batch_num, pipeline_schedule)
+        if groups is not None:
+            self._make_pipeline()
+
+    def _make_pipeline(self) -> None:
+        """The pipeline (stages, micro-batches) of the built layout, when it has one."""
+        from ..context import get_context
+        ctx = get_context()
+        micro_batch_num, schedule = self._pipeline_options
+        micro_batch_num = micro_batch_num or ctx.micro_batch_num
+        if self.groups.layout.pipeline_stage > 1 or micro_batch_num > 1:
+            from ..parallel.pipeline import Pipeline
+            self.pipeline = Pipeline(self.network, self.groups.layout, self.groups.rank, micro_batch_num,
+                                     schedule or ctx.pipeline_schedule)
 
     def train_step(self, inputs, labels: np.ndarray) -> float:
         """One training step; returns the global-batch mean loss (identical on every rank).
@@ -44,6 +60,8 @@ class Model:
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
         buckets = self.buckets  # before backward: the layers write the gradients into it
+        if self.pipeline is not None:
+            return self._pipelined_step(inputs, labels, buckets, step)
         # forward
         logits = net.forward(inputs, groups.mp, halfway=lambda: faults.at_point("forward", step))
         loss, dlogits = net.loss(logits, labels, self.global_batch_size, groups.dp)
@@ -56,6 +74,17 @@ class Model:
         self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
         self.optimizer.sync(groups.shard)
         return float(buckets.loss[0])
+
+    def _pipelined_step(self, inputs, labels, buckets, step) -> float:
+        """The step with micro-batches through the pipeline stages (dsim.parallel.pipeline), then as above:
+        the dp reduction of the summed gradients and the loss, the update, the optimizer-shard sync."""
+        groups = self.groups
+        buckets.loss[0] = self.pipeline.run(groups.world, groups.mp, groups.dp, inputs, labels, buckets.flat[:-1],
+                                            self.global_batch_size, halfway=lambda: faults.at_point("forward", step))
+        buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
+        self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
+        self.optimizer.sync(groups.shard)
+        return self.pipeline.share_loss(groups.world, float(buckets.loss[0]))
 
     @property
     def buckets(self) -> GradientBuckets:
@@ -89,6 +118,7 @@ class Model:
                 self.network.loss = self.loss_fn  # what train_step calls
             self.seed = ctx.seed if self.seed is None else self.seed
             self.groups = Groups(ctx.comm, layout)
+            self._make_pipeline()
         for dataset in (train_dataset, valid_dataset):
             if dataset is not None and getattr(dataset, "sampler", "bound") is None:
                 dataset.bind(self.groups.layout.data_parallel, self.groups.coords.dp, self.seed or 0)
@@ -108,6 +138,8 @@ class Model:
 
         from ..data.translation import PAD
         self.build(valid_dataset=valid_dataset)
+        if self.groups.layout.pipeline_stage > 1:
+            raise ValueError("Model.eval with pipeline stages is not supported: each stage holds part of the network")
         counts = np.zeros(2)
         sampler, source = valid_dataset.sampler, valid_dataset.source
         for step in range(valid_dataset.get_dataset_size()):

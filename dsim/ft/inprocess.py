@@ -169,6 +169,7 @@ def join_spawned(parent):
     """A replacement spawned by the survivors of a dead rank (no spare was left): (run, step, joining)."""
     merged = parent.Merge(high=True)
     joining = merged.bcast(None, root=0)
+    warm.connect_all(merged)
     rank = joining["assign"][merged.rank]
     world = merged.Split(0, key=rank)
     return take_place(world, warm.SparePool(merged, joining["spares"]), joining)

@@ -107,6 +107,7 @@ class Outcome:
     directory: Optional[Path] = None
     name: Optional[str] = None
     lost: list = field(default_factory=list)
+    stages: list = field(default_factory=list)  # with pipeline stages: "pipeline stage s: names" per lost set
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
     lead: bool = False     # this rank reports it (the lowest living rank)
@@ -120,12 +121,27 @@ class Outcome:
             return (f"{who}; the last-gasp checkpoint is off (tft.ttp, or MS_ENABLE_TFT='{{TTP:1}}'); "
                     "resume (--resume auto) from the last periodic checkpoint")
         if self.step is None:
-            sets = "; ".join(f"the slices of ranks {g}" for g in self.lost)
+            sets = "; ".join(f"the slices of ranks {g}" + (f" ({where})" if where else "")
+                             for g, where in zip(self.lost, self.stages or [None] * len(self.lost)))
             return (f"{who}; no last-gasp checkpoint: {sets} have no surviving holder; resume (--resume auto) "
                     "falls back to the last periodic checkpoint")
         return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) committed in "
                 f"{self.directory} by {self.survivors} survivors, {self.ms:.0f} ms after the failure was noticed; "
                 f"resume (--resume auto) continues at step {self.step + 1}")
+
+
+def lost_stages(run, lost) -> list:
+    """With pipeline stages, what each lost replica set held: "pipeline stage s: its parameters"."""
+    layout = run.groups.layout
+    if layout.pipeline_stage == 1:
+        return []
+    out = []
+    for ranks in lost:
+        stage = layout.coords(ranks[0]).stage
+        names = [spec.name for spec in run.network.specs if spec.stage == stage]
+        out.append(f"pipeline stage {stage}: " + ", ".join(names[:4]) + (f", … ({len(names)} parameters)"
+                                                                         if len(names) > 4 else ""))
+    return out
 
 
 def without_checkpoint(run) -> Outcome:
@@ -160,7 +176,8 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     p = seen.plan(sets)
     if p.step is None:
         comm.Agree(1)  # nothing is written: just agree that all know
-        out = Outcome(failed, damaged, lost=p.lost, survivors=comm.size, lead=comm.rank == 0)
+        out = Outcome(failed, damaged, lost=p.lost, stages=lost_stages(run, p.lost), survivors=comm.size,
+                      lead=comm.rank == 0)
         if comm.rank == 0:
             event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
         return out

@@ -172,11 +172,26 @@ def refill(pool: SparePool, me, joining=None, living=None) -> Refill:
         taken.update({comm.size + j: r for j, r in enumerate(missing)})
         joining = {**joining, "assign": taken, "spares": left}
         merged.bcast(joining, root=0)
+        connect_all(merged)
         comm = merged
     mine = me if me is not None else taken.get(comm.rank)
     world = comm.Split(0 if mine is not None else MPI.UNDEFINED, mine if mine is not None else 0)
     return Refill(None if world == MPI.COMM_NULL else world, SparePool(comm, left, watched), joining,
                   None if me is not None else mine, sorted(set(failed) - set(missing)), missing)
+
+
+def connect_all(comm) -> None:
+    """Exchange a byte between every two processes of comm (collective, after a Spawn and Merge).
+
+    Open MPI's MPI_Finalize in a spawned process says goodbye to every process of the jobs it is connected
+    to, and crashes (in ompi_dpm_dyn_finalize) on one it never exchanged a message with: with pipeline
+    stages a replacement talks only to its stage and its neighbours, so it would.
+    """
+    import numpy as np
+    out, into = np.zeros(1, np.uint8), np.zeros(comm.size, np.uint8)
+    requests = [comm.Irecv(into[r:r + 1], source=r, tag=77) for r in range(comm.size) if r != comm.rank]
+    requests += [comm.Isend(out, dest=r, tag=77) for r in range(comm.size) if r != comm.rank]
+    MPI.Request.Waitall(requests)
 
 
 class Watch(threading.Thread):

@@ -38,6 +38,10 @@ class Network(Sequential):
         """Logits of this rank's batch (images flattened first)."""
         return super().forward(images.reshape(images.shape[0], -1), mp_comm, halfway)
 
+    def prepare(self, images):
+        """The first layer's input: the images flattened."""
+        return images.reshape(images.shape[0], -1)
+
     def describe(self) -> str:
         dense = [layer for layer in self.layers if isinstance(layer, Dense)]
         return "-".join(str(w) for w in [dense[0].in_features] + [layer.out_features for layer in dense])

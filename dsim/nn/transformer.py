@@ -20,7 +20,7 @@ from ..data.translation import PAD
 from ..parallel.groups import allreduce_sum
 from ..parallel.layout import LayoutError
 from .attention import MASKED, MultiHeadAttention
-from .cell import Cell
+from .cell import Cell, Unit, spread
 from .embedding import Embedding
 from .layers import GELU, Dense, masked_cross_entropy
 from .norm import LayerNorm
@@ -138,14 +138,19 @@ class Transformer(Cell):
         x = word.forward(ids, mp) + position.forward(positions, mp)
         return x.reshape(batch * length, -1)
 
-    def forward(self, inputs, mp_comm, halfway=None):
+    def masks(self, inputs):
+        """(source key mask (b, 1, 1, S), decoder self-attention mask (b, 1, T, T)), additive, from the ids."""
         src, tgt = inputs
-        batch, s_len = src.shape
-        t_len = tgt.shape[1]
-        dtype = self.params[0].data.dtype
+        dtype = self.dtype
         src_keys = np.where(src != PAD, 0.0, MASKED).astype(dtype)[:, None, None, :]     # (b, 1, 1, S)
         tgt_keys = np.where(tgt != PAD, 0.0, MASKED).astype(dtype)[:, None, None, :]
-        causal = np.where(np.tri(t_len, dtype=bool), 0.0, MASKED).astype(dtype)          # (T, T)
+        causal = np.where(np.tri(tgt.shape[1], dtype=bool), 0.0, MASKED).astype(dtype)   # (T, T)
+        return src_keys, np.minimum(causal, tgt_keys)
+
+    def forward(self, inputs, mp_comm, halfway=None):
+        src, tgt = inputs
+        batch = src.shape[0]
+        src_keys, self_mask = self.masks(inputs)
         self._token_mask = (tgt != PAD).reshape(-1)
         memory = self._embed(self.src_word, self.src_position, src, mp_comm)
         for block in self.encoder:
@@ -154,7 +159,7 @@ class Transformer(Cell):
             halfway()
         y = self._embed(self.tgt_word, self.tgt_position, tgt, mp_comm)
         for block in self.decoder:
-            y = block.forward(y, memory, np.minimum(causal, tgt_keys), src_keys, batch, mp_comm)
+            y = block.forward(y, memory, self_mask, src_keys, batch, mp_comm)
         return self.head.forward(y, mp_comm)  # (batch * tgt_len, vocab)
 
     def loss(self, logits, labels, global_batch_size, dp_comm):
@@ -162,6 +167,27 @@ class Transformer(Cell):
         mask = self._token_mask
         count = allreduce_sum(dp_comm, np.array([mask.sum()], dtype=np.float64))[0]
         return masked_cross_entropy(logits, labels.reshape(-1), mask, max(count, 1.0))
+
+    # -- pipeline parallel ---------------------------------------------------------------------------
+    def pipeline_units(self) -> list:
+        """The embeddings, each encoder block, each decoder block, the head."""
+        if getattr(self, "_units", None) is None:
+            self._units = [_Embeddings(self), *[_EncoderBlock(self, b) for b in self.encoder],
+                           *[_DecoderBlock(self, b) for b in self.decoder], _Head(self.head)]
+        return self._units
+
+    def unit_stages(self, stages: int) -> list:
+        """Embeddings on the first stage, the head on the last, the blocks spread evenly (as the sample)."""
+        blocks = spread(len(self.encoder) + len(self.decoder), stages, "encoder and decoder blocks of the transformer")
+        return [0, *blocks, stages - 1]
+
+    def loss_denominator(self, inputs, labels, global_batch_size, dp_comm):
+        """The global batch's non-padding target tokens (one small all-reduce over dp)."""
+        count = allreduce_sum(dp_comm, np.array([(inputs[1] != PAD).sum()], dtype=np.float64))[0]
+        return max(count, 1.0)
+
+    def micro_loss(self, logits, inputs, labels, denominator):
+        return masked_cross_entropy(logits, labels.reshape(-1), (inputs[1] != PAD).reshape(-1), denominator)
 
     def backward(self, dlogits, mp_comm):
         dy = self.head.backward(dlogits, mp_comm)
@@ -180,3 +206,72 @@ class Transformer(Cell):
         return (f"encoder {len(self.encoder)} x decoder {len(self.decoder)}, d_model {self.d_model}, "
                 f"{self.num_heads} heads, ffn {self.ffn}, vocab {self.vocab_size}, "
                 f"vocab_emb_dp={self.vocab_emb_dp}")
+
+
+class _Embeddings(Unit):
+    """Source and target embeddings: the ids to (memory, y)."""
+
+    def __init__(self, net):
+        super().__init__([net.src_word, net.src_position, net.tgt_word, net.tgt_position])
+        self._embed = net._embed
+
+    def forward(self, carry, inputs, mp):
+        src_word, src_position, tgt_word, tgt_position = self.layers
+        return (self._embed(src_word, src_position, inputs[0], mp), self._embed(tgt_word, tgt_position, inputs[1], mp))
+
+    def backward(self, dcarry, mp, need_dx=False):
+        dmemory, dy = dcarry
+        src_word, src_position, tgt_word, tgt_position = self.layers
+        tgt_word.backward(dy)
+        tgt_position.backward(dy)
+        src_word.backward(dmemory)
+        src_position.backward(dmemory)
+        return None
+
+
+class _EncoderBlock(Unit):
+    """An encoder block on the memory; the decoder stream passes through."""
+
+    def __init__(self, net, block):
+        super().__init__([block])
+        self.block, self._masks = block, net.masks
+
+    def forward(self, carry, inputs, mp):
+        memory, y = carry
+        src_keys, _ = self._masks(inputs)
+        return self.block.forward(memory, src_keys, inputs[0].shape[0], mp), y
+
+    def backward(self, dcarry, mp, need_dx=True):
+        dmemory, dy = dcarry
+        return self.block.backward(dmemory, mp), dy
+
+
+class _DecoderBlock(Unit):
+    """A decoder block on the decoder stream, attending to the memory (whose gradient it adds to)."""
+
+    def __init__(self, net, block):
+        super().__init__([block])
+        self.block, self._masks = block, net.masks
+
+    def forward(self, carry, inputs, mp):
+        memory, y = carry
+        src_keys, self_mask = self._masks(inputs)
+        return memory, self.block.forward(y, memory, self_mask, src_keys, inputs[0].shape[0], mp)
+
+    def backward(self, dcarry, mp, need_dx=True):
+        dmemory, dy = dcarry
+        dy, dm = self.block.backward(dy, mp)
+        return (dm if dmemory is None else dmemory + dm), dy
+
+
+class _Head(Unit):
+    """The vocabulary head on the decoder stream: (memory, y) to logits."""
+
+    def __init__(self, head):
+        super().__init__([head])
+
+    def forward(self, carry, inputs, mp):
+        return self.layers[0].forward(carry[1], mp)
+
+    def backward(self, dlogits, mp, need_dx=True):
+        return None, self.layers[0].backward(dlogits, mp)

@@ -1,10 +1,14 @@
-"""The parallel layout: how ranks map to (dp, mp) coordinates and which slice of every tensor each holds.
+"""The parallel layout: how ranks map to (stage, dp, mp) coordinates and which slice of every tensor each holds.
 
 Pure functions only (no MPI). This is the single source of truth for slicing: training, checkpointing
 and group info all ask it.
 
 Ranks are laid out like MindSpore's device matrix with model parallel innermost:
 ``rank = d * mp + m`` (so with dp=2, mp=4 rank 0 and rank 4 hold the same model-parallel slice).
+
+Pipeline parallel (MindSpore's ``pipeline_stages``): the world is cut into p consecutive blocks of dp x mp
+ranks, one per stage, ``rank = stage * dp * mp + d * mp + m``. A parameter lives on the ranks of one stage
+(its spec's `stage`); dp, mp, optimizer-shard and replica groups are all inside a stage.
 
 Optimizer parallel (MindSpore's ``optimizer_weight_shard_size``): the dp group is cut into groups of
 ``k`` consecutive dp indices; inside such an optimizer-shard group each of the k ranks owns and updates
@@ -23,14 +27,15 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """dp x mp ranks, optimizer state sharded over k ranks of each dp group."""
+    """p stages of dp x mp ranks, optimizer state sharded over k ranks of each dp group."""
 
     data_parallel: int = 1
     model_parallel: int = 1
     optimizer_shard: int = 1
+    pipeline_stage: int = 1
 
     def __post_init__(self):
-        for name in ("data_parallel", "model_parallel", "optimizer_shard"):
+        for name in ("data_parallel", "model_parallel", "optimizer_shard", "pipeline_stage"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LayoutError(f"parallel.{name} must be a positive integer, got {value!r}")
@@ -39,52 +44,71 @@ class ParallelLayout:
                               f"data_parallel={self.data_parallel}")
 
     @property
-    def world_size(self) -> int:
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage: dp x mp."""
         return self.data_parallel * self.model_parallel
 
+    @property
+    def world_size(self) -> int:
+        return self.pipeline_stage * self.stage_size
+
     def check_world_size(self, world_size: int) -> None:
-        """Raise LayoutError unless dp x mp equals the number of ranks."""
+        """Raise LayoutError unless p x dp x mp equals the number of ranks."""
         if self.world_size != world_size:
-            raise LayoutError(f"layout data_parallel={self.data_parallel} x model_parallel={self.model_parallel}"
-                              f" = {self.world_size} ranks does not fit the world size {world_size}")
+            stages = f"pipeline_stage={self.pipeline_stage} x " if self.pipeline_stage > 1 else ""
+            raise LayoutError(f"layout {stages}data_parallel={self.data_parallel} x model_parallel="
+                              f"{self.model_parallel} = {self.world_size} ranks does not fit the world size {world_size}")
 
     # -- coordinates ---------------------------------------------------------------------------------
     def coords(self, rank: int) -> "RankCoords":
-        """The (dp, mp, shard group, shard index) coordinates of a rank."""
+        """The (stage, dp, mp, shard group, shard index) coordinates of a rank."""
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank {rank} outside a world of {self.world_size}")
-        d, m = divmod(rank, self.model_parallel)
+        stage, inner = divmod(rank, self.stage_size)
+        d, m = divmod(inner, self.model_parallel)
         g, s = divmod(d, self.optimizer_shard)
-        return RankCoords(rank=rank, dp=d, mp=m, shard_group=g, shard=s)
+        return RankCoords(rank=rank, dp=d, mp=m, shard_group=g, shard=s, stage=stage)
 
-    def rank_of(self, dp: int, mp: int) -> int:
-        return dp * self.model_parallel + mp
+    def rank_of(self, dp: int, mp: int, stage: int = 0) -> int:
+        return stage * self.stage_size + dp * self.model_parallel + mp
+
+    def stage_ranks(self, stage: int) -> range:
+        """The ranks of a pipeline stage."""
+        return range(stage * self.stage_size, (stage + 1) * self.stage_size)
 
     def dp_group(self, rank: int) -> list[int]:
         """Ranks that share rank's model-parallel slice (gradients are averaged over them)."""
-        m = self.coords(rank).mp
-        return [self.rank_of(d, m) for d in range(self.data_parallel)]
+        c = self.coords(rank)
+        return [self.rank_of(d, c.mp, c.stage) for d in range(self.data_parallel)]
 
     def mp_group(self, rank: int) -> list[int]:
-        """Ranks that together hold one full copy of the model."""
-        d = self.coords(rank).dp
-        return [self.rank_of(d, m) for m in range(self.model_parallel)]
+        """Ranks that together hold one full copy of the stage's part of the model."""
+        c = self.coords(rank)
+        return [self.rank_of(c.dp, m, c.stage) for m in range(self.model_parallel)]
 
     def shard_group(self, rank: int) -> list[int]:
         """The k ranks of rank's dp group that split its optimizer state between them."""
         c = self.coords(rank)
         first = c.shard_group * self.optimizer_shard
-        return [self.rank_of(d, c.mp) for d in range(first, first + self.optimizer_shard)]
+        return [self.rank_of(d, c.mp, c.stage) for d in range(first, first + self.optimizer_shard)]
 
     def replica_group(self, rank: int) -> list[int]:
-        """Ranks holding exactly the slices rank holds: same mp index, same shard index (incl. rank)."""
+        """Ranks holding exactly the slices rank holds: same stage, mp index and shard index (incl. rank)."""
         c = self.coords(rank)
         k = self.optimizer_shard
-        return [self.rank_of(d, c.mp) for d in range(c.shard, self.data_parallel, k)]
+        return [self.rank_of(d, c.mp, c.stage) for d in range(c.shard, self.data_parallel, k)]
+
+    def neighbour(self, rank: int, offset: int) -> int:
+        """The rank with rank's dp and mp indices in the stage `offset` away (+1 next, -1 previous)."""
+        c = self.coords(rank)
+        return self.rank_of(c.dp, c.mp, c.stage + offset)
 
     def to_dict(self) -> dict:
-        return {"data_parallel": self.data_parallel, "model_parallel": self.model_parallel,
-                "optimizer_shard": self.optimizer_shard}
+        out = {"data_parallel": self.data_parallel, "model_parallel": self.model_parallel,
+               "optimizer_shard": self.optimizer_shard}
+        if self.pipeline_stage > 1:  # records of layouts without stages stay as they were
+            out["pipeline_stage"] = self.pipeline_stage
+        return out
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,7 @@ class RankCoords:
     mp: int
     shard_group: int
     shard: int
+    stage: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,12 +127,14 @@ class ParamSpec:
 
     mp_axis: None (replicated on the mp group), or the axis split into mp equal pieces.
     opt_shard: whether optimizer parallelism may slice it (only trainable weights; scalars never).
+    stage: the pipeline stage whose ranks hold it (set by the network for the layout: Cell.place).
     """
 
     name: str
     shape: tuple
     mp_axis: Optional[int] = None
     opt_shard: bool = True
+    stage: int = 0
 
     @property
     def split(self) -> str:
@@ -175,6 +202,11 @@ def owned_slice(spec: ParamSpec, layout: ParallelLayout, rank: int) -> Slice:
     offsets = (base.offsets[0] + layout.coords(rank).shard * piece,) + base.offsets[1:]
     extents = (piece,) + base.extents[1:]
     return Slice(offsets, extents)
+
+
+def holds(spec: ParamSpec, layout: ParallelLayout, rank: int) -> bool:
+    """Whether rank holds a slice of the parameter: it is in the parameter's pipeline stage."""
+    return layout.coords(rank).stage == spec.stage
 
 
 def slice_table(specs: Sequence[ParamSpec], layout: ParallelLayout, rank: int) -> dict:

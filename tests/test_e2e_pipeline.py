@@ -1,0 +1,108 @@
+"""Pipeline parallel end to end under mpirun -n 8: pp4 x dp2 (the MLP's 5 layers over 4 stages), 8 micro-batches.
+
+Every recovery path across stages ends bit-identical to the uninterrupted run: the last gasp after a kill in a
+middle stage, a UCE on a last-stage rank repaired in the job, a dead rank of stage 2 replaced in the job, a lost
+shard of stage 0 taken from its replica at resume. Bad pipeline settings are one line and exit 2.
+"""
+import pytest
+
+from conftest import ROOT, mpirun
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, fault, final_state_equal
+
+pytestmark = pytest.mark.e2e
+PIPELINE = ["-m", "dsim.train", *OPTS, *LAYOUTS["pp4xdp2"]]
+
+
+def test_pipeline_run_and_its_stages(ft_reference, tmp_path):
+    """The header names the layout; inspect shows which ranks hold which layers; the loss equals the one of the
+    same model without stages (to the printed digits: the micro-batch sums differ in the last bits)."""
+    losses, ckpt = ft_reference("pp4xdp2")
+    flat, _ = ft_reference("dp2xmp4")
+    assert losses == flat
+    listing = mpirun(1, ["-m", "dsim.inspect", str(ckpt)], cwd=tmp_path, check=0).stdout
+    assert "pp=4 dp=2 mp=1 k=1" in listing
+    for line in ("pipeline stage 0: ranks 0-1: layer1, layer2 (3 parameters)",
+                 "pipeline stage 1: ranks 2-3: layer3 (2 parameters)",
+                 "pipeline stage 3: ranks 6-7: layer5 (2 parameters)",
+                 "rank_7/network-2_10.h5", "stage 3  group info [6, 7]"):
+        assert line in listing, listing
+    surv = mpirun(1, ["-m", "dsim.inspect", "--survivability", str(ckpt)], cwd=tmp_path, check=0).stdout
+    assert "any two ranks except {0,1}, {2,3}, {4,5}, {6,7} (24 of 28 survive)" in surv, surv
+
+
+def test_kill_in_a_middle_stage_last_gasp_then_resume(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("pp4xdp2")
+    opts = [*PIPELINE, "--set", "tft.ttp=true"]
+    crash = mpirun(8, [*opts, *fault("kill", 3, "forward", 12)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1 and "killing rank 3 (SIGKILL) during the forward of step 12" in crash.stdout
+    errors = error_lines(crash)
+    assert len(errors) == 1 and "last-gasp checkpoint ttp-2_1 (global step 11) committed" in errors[0], crash.stderr
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "(global step 11: epoch 2 step 1)" in proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[11:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_whole_stage_replica_set_lost_names_the_stage(tmp_path):
+    crash = mpirun(8, [*PIPELINE, "--set", "tft.ttp=true", "--set", "fault.kind=kill", "--set", "fault.rank=[4,5]",
+                       "--set", "fault.step=[12,12]", "--set", "fault.at=forward"], cwd=tmp_path, timeout=120, ft=True)
+    errors = error_lines(crash)
+    assert crash.returncode == 1 and len(errors) == 1, crash.stderr
+    assert ("no last-gasp checkpoint: the slices of ranks [4, 5] (pipeline stage 2: layer4.weight, layer4.bias) "
+            "have no surviving holder") in errors[0]
+
+
+def test_uce_on_a_last_stage_rank_is_repaired_in_the_job(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("pp4xdp2")
+    proc = mpirun(8, [*PIPELINE, "--set", "tft.uce=true", *fault("uce", 7, "update", 12)], cwd=tmp_path, check=0,
+                  ft=True)
+    assert "repaired in the job: rank 7 from rank 6 (group info [6, 7])" in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_a_dead_rank_of_stage_2_is_replaced_in_the_job(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("pp4xdp2")
+    proc = mpirun(8, [*PIPELINE, "--set", "tft.arf=true", *fault("kill", 5, "forward", 12)], cwd=tmp_path, check=0,
+                  ft=True)
+    assert "rank 5 from rank 4 (group info [4, 5]); world size back to 8" in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_a_lost_shard_of_stage_0_is_taken_from_its_replica(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("pp4xdp2")
+    crash = mpirun(8, [*PIPELINE, *fault("exception", 0, "step_end", 15)], cwd=tmp_path)
+    assert crash.returncode != 0 and "Some errors happen." in crash.stderr
+    (tmp_path / "run" / "checkpoints" / "rank_0" / "network-2_4.h5").unlink()
+    proc = mpirun(8, [*PIPELINE, "--resume", "auto"], cwd=tmp_path, check=0)
+    assert ("rank 0: checkpoint file not found: run/checkpoints/rank_0/network-2_4.h5; using the replica on "
+            "rank 1 (group info [0, 1])") in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[14:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+BAD = [
+    (["--set", "parallel.pipeline_stage=3", "--set", "parallel.model_parallel=1", "--set", "parallel.micro_batch_num=3"],
+     "dsim: error: layout: pipeline_stage=3 x model_parallel=1 = 3 does not divide the world size 8"),
+    (["--set", "parallel.pipeline_stage=8", "--set", "parallel.model_parallel=1", "--set", "parallel.micro_batch_num=8"],
+     "dsim: error: parallel.pipeline_stage=8 exceeds the 5 layers of 784-64-128-128-64-10: every stage "
+     "needs one"),
+    (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=1"],
+     "dsim: error: config: parallel.micro_batch_num must be >= parallel.pipeline_stage=2 (MindSpore requires "
+     "micro_batch_num >= pipeline stages), got 1"),
+    (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=3"],
+     "dsim: error: layout: micro_batch_num=3 does not divide the batch of 32 per data-parallel rank "
+     "(data.batch_size=32 / data_parallel=1)"),
+    (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=2", "--set", "parallel.pipeline_schedule=zb"],
+     "dsim: error: config: parallel.pipeline_schedule must be one of 1f1b, gpipe, got 'zb'"),
+]
+
+
+@pytest.mark.parametrize("options,line", BAD, ids=["p-not-dividing", "p-over-layers", "m-below-p", "m-not-dividing",
+                                                   "schedule"])
+def test_bad_pipeline_settings_one_line_exit_2(tmp_path, options, line):
+    proc = mpirun(8, ["-m", "dsim.train", *OPTS, *options], cwd=tmp_path)
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("dsim: error:")]
+    assert proc.returncode == 2 and errors == [line], proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").rglob("*.h5"))
