@@ -45,6 +45,18 @@ def test_kill_is_healed_by_a_spawned_replacement(ft_reference, tmp_path):
     assert heal["failed"] == [3] and heal["world_size"] == 8 and heal["global_step"] == 13
 
 
+def test_two_ranks_killed_at_once_are_replaced_by_two_spawned_processes(ft_reference, tmp_path):
+    """kill -9 of ranks 1 and 6 in the same step: two replacements spawned at once; the job ends with exit 0
+    (their MPI_Finalize once crashed on peers they had never exchanged a message with: spares.connect_all)."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    proc = mpirun(8, ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true",
+                      *fault("kill", "[1,6]", "forward", "[12,12]")], cwd=tmp_path, check=0, ft=True)
+    assert ("dsim: heal: rank(s) 1, 6 died; repaired in the job: rank 1 from rank 5 (group info [1, 5]), rank 6 from "
+            "rank 2 (group info [2, 6]); world size back to 8; training goes on after step 11") in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses and "Segmentation fault" not in proc.stderr
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
 def test_kill_during_a_save_is_healed_and_the_save_redone(ft_reference, tmp_path):
     """Rank 0 dies half-way through its file of the step-14 checkpoint; its replacement takes rank 0."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
