@@ -111,3 +111,18 @@ def test_an_exception_that_ends_a_script_is_one_line(tmp_path):
     assert p.returncode == 1
     assert p.stderr.splitlines()[-1] == "dsim: error: rank 0: Some errors happen. (traceback in logs/rank_0.err)"
     assert "Traceback" not in p.stderr and "Exception: Some errors happen." in Path(tmp_path / "logs" / "rank_0.err").read_text()
+
+
+def test_eval_of_a_token_model_counts_the_target_tokens_that_are_not_padding(context):
+    net = nn.Transformer(vocab_size=64, d_model=16, num_heads=2, ffn_hidden_size=32)
+    model = dsim.Model(net, optimizer=nn.AdamWeightDecay(net.trainable_params(), 0.01))
+    held_out = dsim.dataset.TranslationDataset(32, vocab_size=64).batch(16)
+    got = model.eval(held_out)["accuracy"]
+    hits = tokens = 0
+    for step in range(2):
+        (src, tgt), labels = held_out.source.get(np.arange(16 * step, 16 * step + 16))
+        predicted = net.forward((src, tgt), model.groups.mp).argmax(axis=1)
+        keep = labels.reshape(-1) != dsim.data.PAD
+        hits, tokens = hits + (predicted == labels.reshape(-1))[keep].sum(), tokens + keep.sum()
+    assert tokens < 32 * 10 and got == hits / tokens  # padding left out
+    model.groups.free()
