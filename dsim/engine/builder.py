@@ -31,7 +31,10 @@ def resolve_layout(cfg: Config, world_size: int) -> ParallelLayout:
     layout = ParallelLayout(dp, p.model_parallel, p.optimizer_shard, p.pipeline_stage)
     layout.check_world_size(world_size)
     local = cfg.data.batch_size // dp
-    if cfg.data.batch_size % dp == 0 and local % p.micro_batch_num:
+    if p.micro_batch_num > 1 and cfg.data.batch_size % dp:
+        raise ConfigError(f"layout: micro_batch_num={p.micro_batch_num} needs data.batch_size={cfg.data.batch_size} "
+                          f"divisible by data_parallel={dp}")
+    if local % p.micro_batch_num:
         raise ConfigError(f"layout: micro_batch_num={p.micro_batch_num} does not divide the batch of "
                           f"{local} per data-parallel rank (data.batch_size={cfg.data.batch_size} / "
                           f"data_parallel={dp})")
