@@ -149,3 +149,15 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(source, tmp_path):
     assert again.returncode == 2 and again.stderr.splitlines() == [
         f"dsim: error: {tmp_path / 'y'} already holds a checkpoint named {NAME}: nothing is overwritten"]
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "y").rglob("*")} == before
+
+
+def test_a_lost_file_is_read_from_another_holder_while_resharding(source, tmp_path):
+    ckpt, _ = source
+    (tmp_path / "run").mkdir()
+    subprocess.run(["cp", "-r", str(ckpt), str(tmp_path / "run" / "checkpoints")], check=True)
+    (tmp_path / "run" / "checkpoints" / "rank_1" / f"{NAME}.h5").unlink()
+    ranks, options, _ = LAYOUTS["dp3xmp2"]
+    proc = mpirun(ranks, [*RUN, *options, "--set", "train.epochs=1", "--resume", NAME], cwd=tmp_path, check=0)
+    assert (f"dsim: recovery: rank 1's file of {NAME} not used: run/checkpoints/rank_1/{NAME}.h5 is missing or not "
+            "a readable HDF5 file; its slices read from other holders") in proc.stdout, proc.stdout
+    assert same(gathered(tmp_path / "run" / "checkpoints", "network_1-2_0"), gathered(ckpt))
