@@ -150,15 +150,10 @@ def reshard(src, layout: ParallelLayout, dst: Path, integrated: bool = False, lo
                         max([x["sequence"] for x in cm.committed(dst)], default=0) + 1, integrated, time.time())
     cm.write_commit(dst, out, {r: (w.size, w.digest) for r, w in written.items()})
     total = sum(w.size for w in written.values())
-    log(f"resharded {c.directory / c.name} ({_describe(layout_of(record))}, {record['world_size']} ranks) into "
-        f"{dst / c.name} ({'integrated' if integrated else _describe(layout_target)}, {len(written)} file(s), "
+    log(f"resharded {c.directory / c.name} ({layout_of(record).describe()}, {record['world_size']} ranks) into "
+        f"{dst / c.name} ({'integrated' if integrated else layout_target.describe()}, {len(written)} file(s), "
         f"{total / 2**20:.1f} MiB; read {bytes_read / 2**20:.1f} MiB) in {time.perf_counter() - t0:.2f} s")
     return out
-
-
-def _describe(layout: ParallelLayout) -> str:
-    stages = f"pp={layout.pipeline_stage} " if layout.pipeline_stage > 1 else ""
-    return f"{stages}dp={layout.data_parallel} mp={layout.model_parallel} k={layout.optimizer_shard}"
 
 
 def _tensor(source, kind, name, global_shape, where, split, opt_sharded) -> Tensor:

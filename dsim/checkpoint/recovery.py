@@ -284,18 +284,12 @@ def _resharded(run, directory, record, log, t0) -> dict:
         for r, why in sorted(meta["passed_over"].items()):
             log(f"dsim: recovery: rank {r}'s file of {record['name']} not used: {why}; its slices read from other holders")
         ms = 1000 * (time.perf_counter() - t0)
-        log(f"dsim: resharded {record['name']} from {describe_layout(saved)} on {record['world_size']} ranks to "
-            f"{describe_layout(layout)} on {comm.size} ranks in {ms:.0f} ms")
+        log(f"dsim: resharded {record['name']} from {saved.describe()} on {record['world_size']} ranks to "
+            f"{layout.describe()} on {comm.size} ranks in {ms:.0f} ms")
         record_event(run, "reshard", checkpoint=record["name"], global_step=record["global_step"],
                      source_layout=saved.to_dict(), layout=layout.to_dict(), world_size=comm.size,
                      source_world_size=record["world_size"], ms=round(ms, 1))
     return meta
-
-
-def describe_layout(layout: ParallelLayout) -> str:
-    """dp=2 mp=4 k=1 (pp=2 first when there are stages)."""
-    stages = f"pp={layout.pipeline_stage} " if layout.pipeline_stage > 1 else ""
-    return f"{stages}dp={layout.data_parallel} mp={layout.model_parallel} k={layout.optimizer_shard}"
 
 
 def state_names(run) -> list:
