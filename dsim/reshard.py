@@ -25,7 +25,7 @@ from .checkpoint.errors import CheckpointError
 from .checkpoint.format import Deferred, Tensor, write_file
 from .checkpoint.group_info import group_info_attr, write_group_info
 from .checkpoint.plan import commit_record, graph_meta, save_plan
-from .checkpoint.reshard import Source, layout_of
+from .checkpoint.reshard import Source, layout_of, specs_of
 from .checkpoint.survivability import parse_layout
 from .parallel.layout import LayoutError, ParallelLayout, ParamSpec, Slice, check_spec
 
@@ -70,18 +70,10 @@ def target_layout(text: str, world, source: ParallelLayout) -> ParallelLayout:
 
 def specs_for(source: Source, layout: ParallelLayout) -> list:
     """The checkpoint's parameters as specs (mp split as saved in the files, stage from the holders)."""
-    record = source.record
-    per_stage = layout_of(record).stage_size
-    specs, seen = [], set()
-    for entry in record["slices"]:
-        kind, name = entry["tensor"].split("/", 1)
-        if kind != "params" or name in seen:
-            continue
-        seen.add(name)
-        split = source.split_of(entry["tensor"])
-        first = min(r.start for r in source.boxes[entry["tensor"]][0][1])
-        spec = ParamSpec(name, tuple(entry["global_shape"]), None if split == "replicated" else int(split[4:]),
-                         stage=first // per_stage)
+    specs = []
+    for name, shape, stage in specs_of(source.record):
+        split = source.split_of(f"params/{name}")
+        spec = ParamSpec(name, shape, None if split == "replicated" else int(split[4:]), stage=stage)
         try:
             check_spec(spec, layout)
         except LayoutError as e:
