@@ -125,6 +125,7 @@ class TFTConfig:
     uce: bool = False                        # repair a rank's memory error in the job from a replica (implies ttp)
     arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
+    elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
 
 
@@ -249,7 +250,7 @@ def apply_tft_env(tft: TFTConfig, value) -> None:
             setattr(tft, k.lower(), v == "1")
     if isinstance(tft.spares, int) and tft.spares > 0:
         tft.arf = True  # a spare is only ever used to replace a dead rank
-    if tft.uce or tft.arf:
+    if tft.uce or tft.arf or tft.elastic:
         tft.ttp = True
 
 

@@ -123,7 +123,7 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     model = Model(network, optimizer, groups, d.batch_size, pp.micro_batch_num, pp.pipeline_schedule)
     model.seed, model.loader = cfg.seed, loader
     run = Run(cfg, groups, network, optimizer, model, loader)
-    if cfg.tft.uce or cfg.tft.arf:
+    if cfg.tft.uce or cfg.tft.arf or cfg.tft.elastic:
         from ..ft.inprocess import InProcessRecovery
         model.recovery = InProcessRecovery(run)
     return run

@@ -140,6 +140,13 @@ class MetricsLog(Callback):
             self.log("train_begin", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num,
                      world_size=cb.world_size, layout=cb.layout)
 
+    def recovered(self, run_context):
+        """After an in-job repair or an elastic shrink: this process's rank may be new (rank 0 writes)."""
+        cb = run_context.original_args()
+        self.rank = cb.rank
+        if cb.rank == 0 and self._file is None:
+            self._open()
+
     def step_end(self, run_context):
         cb = run_context.original_args()
         self.log("step", epoch=cb.cur_epoch_num, step=cb.cur_step_in_epoch, global_step=cb.cur_step_num,
