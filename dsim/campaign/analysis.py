@@ -1,0 +1,152 @@
+"""A combination's figures, read from what its jobs left: metrics.jsonl (written by the jobs themselves),
+the fault plan's markers (which failures fired) and the checkpoints.
+
+Per failure (a `fault` event of the plan, written by the victim as it strikes inside step N):
+- how it was met: `heal` / `uce_repair` naming the rank (in the job), or a restart (a later `train_begin`);
+  a failure is *seen* when one of them follows it;
+- resumed from: the step the repair or the restart went on from (the event's global step);
+- steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0;
+- recovery: from the failure to the next finished step (the resumed-from step + 1); *recovered* when that
+  step finished before the budget ran out.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+IN_JOB = ("heal", "uce_repair")
+
+
+def read_events(path) -> list[dict]:
+    """metrics.jsonl as a list of dicts in file order (unparsable lines skipped)."""
+    out = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and "event" in e and "time" in e:
+            out.append(e)
+    return out
+
+
+def percentile(values, q: float):
+    """The q-th percentile (0-100) by linear interpolation; None for no values."""
+    v = sorted(values)
+    if not v:
+        return None
+    x = (len(v) - 1) * q / 100
+    lo, hi = math.floor(x), math.ceil(x)
+    return v[lo] + (v[hi] - v[lo]) * (x - lo)
+
+
+def failures(events: list, end: float, save_every: int, in_job: bool) -> list[dict]:
+    """One record per fault of the plan before `end` (see the module docstring)."""
+    faults = [e for e in events if e["event"] == "fault" and e.get("plan_index") is not None and e["time"] <= end]
+    out = []
+    for i, f in enumerate(faults):
+        after = [e for e in events if e["time"] >= f["time"] and e["time"] <= end]
+        meet = None
+        for e in after:
+            if e["event"] in IN_JOB and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or []):
+                meet = ("in the job", e["global_step"], e)
+                break
+            if e["event"] == "train_begin":
+                meet = ("restart", e["global_step"], e)
+                break
+        before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
+        rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "kind": f["kind"], "at": f.get("at"),
+               "step": f["global_step"], "seen": meet is not None, "how": meet[0] if meet else None,
+               "resumed_from": meet[1] if meet else None, "steps_lost": None, "predicted_lost": None,
+               "recovery_s": None, "recovered": False}
+        if meet is not None:
+            rec["steps_lost"] = max(0, before - meet[1])
+            rec["predicted_lost"] = 0 if in_job else before % save_every
+            done = next((e for e in events if e["event"] == "step" and e["time"] > meet[2]["time"] - 1e-9
+                         and e["global_step"] == meet[1] + 1 and e["time"] <= end), None)
+            if done is not None:
+                rec["recovered"], rec["recovery_s"] = True, round(done["time"] - f["time"], 3)
+        out.append(rec)
+    return out
+
+
+def step_times(events: list, end: float) -> list[tuple]:
+    """(global_step, seconds) of every step that directly followed the previous one in the same run."""
+    out, prev = [], None
+    for e in events:
+        if e["time"] > end:
+            break
+        if e["event"] == "step":
+            if prev is not None and e["global_step"] == prev["global_step"] + 1:
+                out.append((e["global_step"], e["time"] - prev["time"]))
+            prev = e
+        else:
+            prev = None  # a fault, a repair or a new run in between: not an ordinary step
+    return out
+
+
+def checkpoint_cost(events: list, end: float, save_every: int) -> dict:
+    """Ordinary step time, and what a save adds to its step (median), from the step events."""
+    times = step_times(events, end)
+    plain = [s for g, s in times if g % save_every]
+    saving = [s for g, s in times if g % save_every == 0]
+    step = statistics.median(plain) if plain else None
+    save = max(0.0, statistics.median(saving) - step) if saving and step is not None else None
+    rate = len(plain) / sum(plain) if plain else None  # steps per second of the steps without a save
+    return {"step_s": step, "save_s": save, "saves": len(saving), "rate": rate}
+
+
+def progress(events: list, end: float) -> int:
+    """The global step training had reached when the budget ran out (the last step event before `end`)."""
+    steps = [e["global_step"] for e in events if e["event"] == "step" and e["time"] <= end]
+    return steps[-1] if steps else 0
+
+
+def losses_equal(events: list, end: float, reference: dict) -> dict:
+    """Every loss logged before `end` against the fault-free run's at the same global step, bit for bit."""
+    compared = differ = beyond = 0
+    first = None
+    for e in events:
+        if e["event"] != "step" or e["time"] > end:
+            continue
+        ref = reference.get(e["global_step"])
+        if ref is None:
+            beyond += 1
+        elif ref == e["loss"]:
+            compared += 1
+        else:
+            compared += 1
+            differ += 1
+            first = first if first is not None else e["global_step"]
+    return {"compared": compared, "differ": differ, "first_difference": first, "beyond_reference": beyond}
+
+
+def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate) -> dict:
+    """The combination's row: goodput, failures, losses, recovery times, checkpoint overhead."""
+    cost = checkpoint_cost(events, end, save_every)
+    steps = progress(events, end)
+    seconds = end - start
+    seen = [r for r in recs if r["seen"]]
+    lost = [r["steps_lost"] for r in seen]
+    rec_s = [r["recovery_s"] for r in recs if r["recovered"]]
+    saves = sum(1 for e in events if e["event"] == "step" and e["time"] <= end and e["global_step"] % save_every == 0)
+    return {
+        "steps": steps, "seconds": round(seconds, 3),
+        "goodput": round(steps / seconds, 3),
+        "goodput_fraction": round(steps / seconds / fault_free_rate, 4) if fault_free_rate else None,
+        "failures_injected": len(recs), "failures_seen": len(seen),
+        "survived": sum(r["recovered"] for r in recs), "unrecovered": len(recs) - sum(r["recovered"] for r in recs),
+        "steps_lost": lost, "steps_lost_per_failure": round(statistics.mean(lost), 2) if lost else None,
+        "steps_lost_predicted": [r["predicted_lost"] for r in seen],
+        "recovery_median_s": percentile(rec_s, 50), "recovery_p90_s": percentile(rec_s, 90),
+        "step_s": cost["step_s"], "save_s": cost["save_s"],
+        "checkpoint_overhead": (round(saves * cost["save_s"] / seconds, 4)
+                                if cost["save_s"] is not None else None),
+        "restarts": sum(1 for e in events if e["event"] == "train_begin" and e["time"] <= end) - 1,
+    }
