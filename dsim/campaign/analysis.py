@@ -2,8 +2,9 @@
 the fault plan's markers (which failures fired) and the checkpoints.
 
 Per failure (a `fault` event of the plan, written by the victim as it strikes inside step N):
-- how it was met: `heal` / `uce_repair` naming the rank (in the job), or a restart (a later `train_begin`);
-  a failure is *seen* when one of them follows it;
+- how it was met: `heal` / `uce_repair` naming the rank (in the job), or a restart (the `train_begin` of
+  the next job); a failure is *seen* when one of them, or a `last_gasp_saved` / `last_gasp_lost` naming
+  the rank, follows it;
 - resumed from: the step the repair or the restart went on from (the event's global step);
 - steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0;
 - recovery: from the failure to the next finished step (the resumed-from step + 1); *recovered* when that
@@ -46,28 +47,37 @@ def percentile(values, q: float):
     return v[lo] + (v[hi] - v[lo]) * (x - lo)
 
 
-def failures(events: list, end: float, save_every: int, in_job: bool) -> list[dict]:
-    """One record per fault of the plan before `end` (see the module docstring)."""
+def failures(events: list, end: float, save_every: int, restarts=()) -> list[dict]:
+    """One record per fault of the plan before `end` (see the module docstring); `restarts`: when each job
+    after the first was started (a newcomer that takes a dead rank's place in the job also logs a
+    `train_begin`, so only those after a restart count as one)."""
     faults = [e for e in events if e["event"] == "fault" and e.get("plan_index") is not None and e["time"] <= end]
     out = []
-    for i, f in enumerate(faults):
+    for f in faults:
+        restart = min((t for t in restarts if t >= f["time"]), default=math.inf)
         after = [e for e in events if e["time"] >= f["time"] and e["time"] <= end]
-        meet = None
+        meet, noticed, gasp = None, False, False
         for e in after:
-            if e["event"] in IN_JOB and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or []):
+            if (e["event"] in IN_JOB and e["time"] < restart
+                    and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or [])):
                 meet = ("in the job", e["global_step"], e)
                 break
-            if e["event"] == "train_begin":
+            if e["event"] == "train_begin" and e["time"] >= restart:
                 meet = ("restart", e["global_step"], e)
                 break
+            if e["event"] in ("last_gasp_saved", "last_gasp_lost") and f["rank"] in e.get("failed", []):
+                noticed = True  # the survivors saw it; the restart that follows says where training went on
+                gasp = gasp or e["event"] == "last_gasp_saved"
         before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
         rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "kind": f["kind"], "at": f.get("at"),
-               "step": f["global_step"], "seen": meet is not None, "how": meet[0] if meet else None,
+               "step": f["global_step"], "seen": meet is not None or noticed, "how": meet[0] if meet else None,
                "resumed_from": meet[1] if meet else None, "steps_lost": None, "predicted_lost": None,
                "recovery_s": None, "recovered": False}
         if meet is not None:
             rec["steps_lost"] = max(0, before - meet[1])
-            rec["predicted_lost"] = 0 if in_job else before % save_every
+            # what the scheme that met it promises: nothing lost in the job or from a last gasp; else back to
+            # the last multiple of the interval (the newest periodic checkpoint)
+            rec["predicted_lost"] = 0 if meet[0] == "in the job" or gasp else before % save_every
             done = next((e for e in events if e["event"] == "step" and e["time"] > meet[2]["time"] - 1e-9
                          and e["global_step"] == meet[1] + 1 and e["time"] <= end), None)
             if done is not None:
@@ -133,7 +143,7 @@ def summarize(recs: list, events: list, start: float, end: float, save_every: in
     steps = progress(events, end)
     seconds = end - start
     seen = [r for r in recs if r["seen"]]
-    lost = [r["steps_lost"] for r in seen]
+    lost = [r["steps_lost"] for r in seen if r["steps_lost"] is not None]
     rec_s = [r["recovery_s"] for r in recs if r["recovered"]]
     saves = sum(1 for e in events if e["event"] == "step" and e["time"] <= end and e["global_step"] % save_every == 0)
     return {
@@ -143,10 +153,10 @@ def summarize(recs: list, events: list, start: float, end: float, save_every: in
         "failures_injected": len(recs), "failures_seen": len(seen),
         "survived": sum(r["recovered"] for r in recs), "unrecovered": len(recs) - sum(r["recovered"] for r in recs),
         "steps_lost": lost, "steps_lost_per_failure": round(statistics.mean(lost), 2) if lost else None,
-        "steps_lost_predicted": [r["predicted_lost"] for r in seen],
+        "steps_lost_predicted": [r["predicted_lost"] for r in seen if r["predicted_lost"] is not None],
         "recovery_median_s": percentile(rec_s, 50), "recovery_p90_s": percentile(rec_s, 90),
         "step_s": cost["step_s"], "save_s": cost["save_s"],
         "checkpoint_overhead": (round(saves * cost["save_s"] / seconds, 4)
                                 if cost["save_s"] is not None else None),
-        "restarts": sum(1 for e in events if e["event"] == "train_begin" and e["time"] <= end) - 1,
+        "restarts": sum(r["how"] == "restart" for r in recs),
     }

@@ -15,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..ft.launcher import StallWatch
+from ..ft.launcher import StallWatch, alive, children
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "DSIM_CAMPAIGN_JOB"
+ENDED_SECONDS = 2.0  # every rank of the job gone this long and mpirun still there: the job has ended
 
 
 class Job:
@@ -36,6 +37,7 @@ class Job:
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.watch = StallWatch(self.proc.pid)
+        self.mpirun, self.ranks_seen, self.idle_since = None, False, None
         self.code = None
         self.ended = None
 
@@ -44,7 +46,7 @@ class Job:
         if self.code is None:
             code = self.proc.poll()
             now = time.time()
-            if code is None and (now > self.deadline or self.watch.stalled(now)):
+            if code is None and (now > self.deadline or self.watch.stalled(now) or self._ranks_ended(now)):
                 why = "timed out" if now > self.deadline else "stalled after every rank had ended"
                 self.log.write(f"(campaign: the job {why}; stopped it)\n")
                 self.stop()
@@ -53,6 +55,19 @@ class Job:
                 self.code, self.ended = code, now
                 self._close()
         return self.code
+
+    def _ranks_ended(self, now: float) -> bool:
+        """Every rank has ended (after some were seen) and mpirun stays: a launcher stall (dsim.ft.launcher)
+        that the launch script would stop only after 15 s, which a campaign would count as downtime."""
+        if self.mpirun is None or not alive(self.mpirun):
+            self.mpirun = next((c for c in children(self.proc.pid) if _name(c) in ("mpirun", "prterun")), None)
+            if self.mpirun is None:
+                return False
+        if children(self.mpirun):
+            self.ranks_seen, self.idle_since = True, None
+        elif self.ranks_seen and self.idle_since is None:
+            self.idle_since = now
+        return self.idle_since is not None and now - self.idle_since > ENDED_SECONDS
 
     def stop(self) -> None:
         """SIGKILL the job's process group and any process that carries its id; wait for the script."""
@@ -69,6 +84,13 @@ class Job:
     def _close(self):
         if not self.log.closed:
             self.log.close()
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def carrying(job_id: str) -> list[int]:

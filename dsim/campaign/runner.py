@@ -158,7 +158,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
             job.stop()
             jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget was spent
     events = analysis.read_events(d / "run" / "metrics.jsonl")
-    recs = analysis.failures(events, end, save_every, in_job=strategy.name in ("arf", "elastic"))
+    recs = analysis.failures(events, end, save_every, [j["started"] for j in jobs[1:]])
     fired = [f for f in failure_process.fired(path) if f.get("time", 0) <= end]
     for r in recs:
         r["damaged_file"] = damaged.get(r["index"])
