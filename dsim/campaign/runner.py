@@ -113,6 +113,7 @@ def run_reference(s: Settings, save_every: int, say: Callable = print) -> dict:
     row = {"strategy": "fault-free", "save_every": save_every, "steps": steps, "seconds": round(end - start, 3),
            "goodput": round(steps / (end - start), 3), "goodput_fraction": round(steps / (end - start) / cost["rate"], 4),
            "fault_free_rate": round(cost["rate"], 3), "step_s": cost["step_s"], "save_s": cost["save_s"],
+           "checkpoint_overhead": round(steps // save_every * (cost["save_s"] or 0) / (end - start), 4),
            "start": start, "end": end, "dir": str(d)}
     say(f"campaign: fault-free: {steps} steps, {cost['rate']:.1f} steps/s without saves")
     return row
