@@ -2,7 +2,6 @@
 metrics, the strategy table, the what-if at scale, the report and the command line's bad input."""
 import json
 import math
-import os
 import signal
 import subprocess
 import sys

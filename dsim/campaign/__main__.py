@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 
 from ..config import ConfigError, load_config
