@@ -141,6 +141,7 @@ def main(argv=None) -> int:
     except runner.CampaignError as e:
         print(f"dsim: error: {e}", file=sys.stderr)
         code = 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # every job is stopped: a second Ctrl-C must not lose the report
     finish(s, doc, rows, events_of, rank_mtbf)
     return code
 
