@@ -95,13 +95,13 @@ def test_campaign_report_matches_the_jobs_metrics(tmp_path):
 
 def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
     out = tmp_path / "report"
-    p = subprocess.Popen([sys.executable, "-m", "dsim.campaign", *SMALL, "--duration", "10s", "--mtbf", "5s",
-                          "--strategy", "arf", "--save-every", "10", "-o", str(out)], cwd=tmp_path,
+    p = subprocess.Popen([sys.executable, "-m", "dsim.campaign", *SMALL, "--duration", "8s", "--mtbf", "4s",
+                          "--strategy", "periodic,arf", "--save-every", "10", "-o", str(out)], cwd=tmp_path,
                          env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     try:
         lines = []
-        for line in p.stdout:  # the fault-free run, then the first combination starts
+        for line in p.stdout:  # periodic's 8 s, then arf's start
             lines.append(line)
             if line.startswith("campaign: arf-every10:"):
                 break
@@ -113,7 +113,11 @@ def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == 130, "".join(lines) + rest
-    assert "interrupted; every job stopped; the report keeps the 0 combination(s) that finished" in rest
+    assert "interrupted; every job stopped; the report keeps the 1 combination(s) that finished" in rest
     assert left_behind(p.pid) == []
     doc = json.loads((out / "report.json").read_text())
-    assert not doc["finished"] and doc["combinations"] == [] and doc["fault_free"]["steps"] > 0
+    assert not doc["finished"] and "fault_free" not in doc
+    (row,) = doc["combinations"]
+    assert row["strategy"] == "periodic" and row["seconds"] >= 8 and row["losses"]["equal"] is None
+    assert row["steps"] == max([e["global_step"] for e in metrics(row) if e["event"] == "step"], default=0)
+    assert any(x.startswith("periodic ") and x.endswith("not checked") for x in doc["table"])

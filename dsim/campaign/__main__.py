@@ -3,8 +3,8 @@
     $ python -m dsim.campaign --mtbf 30s --duration 10m --faults kill,uce,corrupt \\
           --strategy periodic,ttp,arf --save-every 10,50 --seed 1 -o campaign --set model.hidden=[64,128,128,64]
 
-First a fault-free run, then every strategy x interval for --duration each, under the same failures;
-prints the table, writes REPORT_DIR/report.json and REPORT_DIR/timeline.png (with matplotlib). Ctrl-C
+Every strategy x interval for --duration each, under the same failures, then a fault-free run; prints
+the table, writes REPORT_DIR/report.json and REPORT_DIR/timeline.png (with matplotlib). Ctrl-C
 stops the running job (and everything it started) and keeps the report of the combinations that finished.
 """
 from __future__ import annotations
@@ -74,16 +74,26 @@ def settings_from(args) -> tuple:
                            args.ranks, args.spares), rank_mtbf
 
 
-def analyse(raw: dict, ref: dict, ref_losses: dict) -> dict:
-    """A finished combination's row: summary figures, the losses and the final state against the reference."""
+def analyse(raw: dict, ref, ref_losses: dict) -> dict:
+    """A finished combination's row: summary figures, and (once the fault-free run is done) the losses and the
+    final state against it."""
     row = {k: v for k, v in raw.items() if k != "events"}
     row.update(analysis.summarize(raw["failures"], raw["events"], raw["start"], raw["end"], raw["save_every"],
-                                  ref["fault_free_rate"]))
+                                  ref["fault_free_rate"] if ref else None))
     row["failures_injected"] = raw["fired"]  # the campaign's count (plan markers); seen is the job's own
     row["unrecovered"] = raw["fired"] - row["survived"]
-    row["losses"] = analysis.losses_equal(raw["events"], raw["end"], ref_losses)
-    row["final_state"] = runner.final_state(raw, ref)
+    if ref is None:
+        row["losses"] = row["final_state"] = {"equal": None, "why": "the fault-free run did not run (interrupted)"}
+    else:
+        row["losses"] = analysis.losses_equal(raw["events"], raw["end"], ref_losses)
+        row["final_state"] = runner.final_state(raw, ref)
     return row
+
+
+def furthest(raws: list) -> int:
+    """The highest global step any combination logged within its budget."""
+    return max((e["global_step"] for r in raws for e in r["events"] if e["event"] == "step" and e["time"] <= r["end"]),
+               default=0)
 
 
 def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
@@ -116,23 +126,24 @@ def main(argv=None) -> int:
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
                         "config": str(s.config_file), "overrides": s.overrides},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
-    rows, events_of, code = [], {}, 0
+    raws, rows, events_of, code = [], [], {}, 0
     try:
-        ref = runner.run_reference(s, runner.gcd(s.intervals), say)
-        rows.append(ref)
-        doc["fault_free"] = ref
-        events_of[ref["dir"]] = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
-        ref_losses = runner.reference_losses(ref)
         for strategy in s.strategies:
             for k in s.intervals:
                 raw = runner.run_combination(s, strategy, k, plan, say)
+                raws.append(raw)
                 events_of[raw["dir"]] = raw["events"]
-                row = analyse(raw, ref, ref_losses)
-                rows.append(row)
+                row = analyse(raw, None, {})
                 doc["combinations"].append(row)
                 report.write_json(s.out, doc)
                 say(f"campaign: {strategy.name}-every{k}: {row['steps']} steps, {row['failures_injected']} failure(s), "
                     f"{row['survived']} survived")
+        ref = runner.run_reference(s, runner.gcd(s.intervals), furthest(raws), say)
+        doc["fault_free"] = ref
+        events_of[ref["dir"]] = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
+        ref_losses = runner.reference_losses(ref)
+        doc["combinations"] = [analyse(raw, ref, ref_losses) for raw in raws]
+        rows = [ref, *doc["combinations"]]
         doc["finished"] = True
     except KeyboardInterrupt:
         say(f"campaign: interrupted; every job stopped; the report keeps the {len(doc['combinations'])} "
@@ -141,6 +152,8 @@ def main(argv=None) -> int:
     except runner.CampaignError as e:
         print(f"dsim: error: {e}", file=sys.stderr)
         code = 1
+    if not rows:
+        rows = doc["combinations"]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # every job is stopped: a second Ctrl-C must not lose the report
     finish(s, doc, rows, events_of, rank_mtbf)
     return code
@@ -148,12 +161,9 @@ def main(argv=None) -> int:
 
 def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
     """Young/Daly, the what-if, the picture, report.json and the table, from whatever finished."""
-    if not rows:
-        report.write_json(s.out, doc)
-        return
-    ref = rows[0]
-    lines = report.table(rows)
-    if len(rows) > 1:
+    ref = doc.get("fault_free")
+    lines = report.table(rows) if rows else []
+    if ref is not None and len(rows) > 1:
         lines += ["", f"checkpoint interval: measured best beside Young/Daly (MTBF {s.mtbf:.0f} s):"]
         lines += report.young_daly(rows, s.mtbf, ref)
         doc["what_if"] = what_if(rows, ref, rank_mtbf, events_of.get(ref["dir"], []))
@@ -161,14 +171,14 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
                       "costs above): expected goodput and periodic interval"]
         lines += report.scale_lines(doc["what_if"]["rows"], args_time(rank_mtbf))
         steps = {r["final_state"].get("global_step") for r in rows[1:]}
-        doc["fault_free"]["pruned_checkpoints"] = runner.prune_reference(ref, steps)
-    png = report.timeline(s.out, rows, events_of)
+        ref["pruned_checkpoints"] = runner.prune_reference(ref, steps)
+    png = report.timeline(s.out, rows, events_of) if rows else None
     doc["timeline"] = str(png) if png else None
     doc["table"] = lines
     path = report.write_json(s.out, doc)
     print("\n".join(lines))
-    print(f"wrote {path}" + (f" and {png}" if png else " (no timeline.png: matplotlib is not installed, "
-                                                       "pip install dsim[plot])"))
+    print(f"wrote {path}" + (f" and {png}" if png else "" if not rows else
+                             " (no timeline.png: matplotlib is not installed, pip install dsim[plot])"))
 
 
 def args_time(seconds: float) -> str:

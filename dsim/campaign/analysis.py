@@ -2,11 +2,14 @@
 the fault plan's markers (which failures fired) and the checkpoints.
 
 Per failure (a `fault` event of the plan, written by the victim as it strikes inside step N):
-- how it was met: `heal` / `uce_repair` naming the rank (in the job), or a restart (the `train_begin` of
-  the next job); a failure is *seen* when one of them, or a `last_gasp_saved` / `last_gasp_lost` naming
-  the rank, follows it;
+- how it was met: `heal` / `uce_repair` naming the rank, or the `recovered` event of the next finished
+  step (in the job; when rank 0 itself is replaced, the repair's own event does not reach metrics.jsonl), or
+  a restart (the `train_begin` of the next job); a failure is *seen* when one of them, or a
+  `last_gasp_saved` / `last_gasp_lost` naming the rank, follows it;
 - resumed from: the step the repair or the restart went on from (the event's global step);
-- steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0;
+- steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0; beside it
+  what the scheme promises: 0 in the job, else back to the newest checkpoint (the last multiple of the
+  interval, or a last gasp since);
 - recovery: from the failure to the next finished step (the resumed-from step + 1); *recovered* when that
   step finished before the budget ran out.
 """
@@ -56,18 +59,20 @@ def failures(events: list, end: float, save_every: int, restarts=()) -> list[dic
     for f in faults:
         restart = min((t for t in restarts if t >= f["time"]), default=math.inf)
         after = [e for e in events if e["time"] >= f["time"] and e["time"] <= end]
-        meet, noticed, gasp = None, False, False
+        meet, noticed = None, False
         for e in after:
             if (e["event"] in IN_JOB and e["time"] < restart
                     and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or [])):
                 meet = ("in the job", e["global_step"], e)
+                break
+            if e["event"] == "recovered" and e["time"] < restart:  # the repair's own event may be missing
+                meet = ("in the job", e["global_step"] - 1, e)     # (see below): the step after it finished
                 break
             if e["event"] == "train_begin" and e["time"] >= restart:
                 meet = ("restart", e["global_step"], e)
                 break
             if e["event"] in ("last_gasp_saved", "last_gasp_lost") and f["rank"] in e.get("failed", []):
                 noticed = True  # the survivors saw it; the restart that follows says where training went on
-                gasp = gasp or e["event"] == "last_gasp_saved"
         before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
         rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "kind": f["kind"], "at": f.get("at"),
                "step": f["global_step"], "seen": meet is not None or noticed, "how": meet[0] if meet else None,
@@ -75,9 +80,12 @@ def failures(events: list, end: float, save_every: int, restarts=()) -> list[dic
                "recovery_s": None, "recovered": False}
         if meet is not None:
             rec["steps_lost"] = max(0, before - meet[1])
-            # what the scheme that met it promises: nothing lost in the job or from a last gasp; else back to
-            # the last multiple of the interval (the newest periodic checkpoint)
-            rec["predicted_lost"] = 0 if meet[0] == "in the job" or gasp else before % save_every
+            # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
+            # committed checkpoint: the last multiple of the interval, or a last gasp saved since
+            gasps = [e["global_step"] for e in events if e["event"] == "last_gasp_saved"
+                     and e["time"] < meet[2]["time"] and e["global_step"] <= f["global_step"]]
+            newest = max([before - before % save_every, *gasps])
+            rec["predicted_lost"] = 0 if meet[0] == "in the job" else max(0, before - newest)
             done = next((e for e in events if e["event"] == "step" and e["time"] > meet[2]["time"] - 1e-9
                          and e["global_step"] == meet[1] + 1 and e["time"] <= end), None)
             if done is not None:

@@ -42,6 +42,8 @@ def exact_text(r: dict) -> str:
     losses, state = r.get("losses") or {}, r.get("final_state") or {}
     if not r.get("exact_required"):
         return "not required"
+    if "why" in losses:
+        return "not checked"
     if losses.get("differ") or state.get("equal") is False:
         return "NO"
     return "yes" if state.get("equal") else "losses only"

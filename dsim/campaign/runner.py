@@ -1,6 +1,7 @@
-"""Running a campaign: the fault-free reference run, then each combination (strategy x checkpoint interval)
-until its wall-clock budget is spent, restarting its jobs through the launch scripts as its strategy says.
+"""Running a campaign: each combination (strategy x checkpoint interval) until its wall-clock budget is spent,
+restarting its jobs through the launch scripts as its strategy says; then the fault-free reference run.
 
+The fault-free run comes last: it must get as far as the furthest combination, for the comparisons.
 A combination's jobs share one output directory (metrics.jsonl accumulates over restarts, as a user's
 would) and one fault plan (dsim.faults, fault.kind: plan): each planned failure strikes once, at its time,
 in whichever job is then running; when the job ends before the budget is spent (a failure it does not
@@ -88,24 +89,32 @@ def damage(path) -> None:
         fh.write(bytes([byte[0] ^ 0xFF]))
 
 
-def run_reference(s: Settings, save_every: int, say: Callable = print) -> dict:
-    """The fault-free run: the same job for the same budget, no failure, a save every `save_every` steps, all
-    kept (the states the combinations' final checkpoints are compared with)."""
+def run_reference(s: Settings, save_every: int, target: int = 0, say: Callable = print) -> dict:
+    """The fault-free run: the same job with no failure, a save every `save_every` steps, all kept. Its row
+    counts the steps of the first --duration seconds; it then goes on until it has passed step `target`
+    (the furthest any combination got), so every loss and final checkpoint has its fault-free counterpart
+    (at most 3 x --duration more)."""
     d = s.out / "fault-free"
     d.mkdir(parents=True)
-    say(f"campaign: fault-free run ({s.duration:.0f} s, a checkpoint every {save_every} steps, all kept)")
+    say(f"campaign: fault-free run ({s.duration:.0f} s, then on to step {target}; a checkpoint every {save_every} "
+        "steps, all kept)")
     start = time.time()
-    end = start + s.duration
+    end, limit = start + s.duration, start + 4 * s.duration
+    metrics = d / "run" / "metrics.jsonl"
     job = Job(SAVE, job_args(s, save_every, keep=1_000_000), d, d / "jobs.log", {}, f"{s.tag}-ref",
-              s.duration + GRACE)
+              limit - start + GRACE)
     try:
-        while time.time() < end and job.poll() is None:
+        reached, checked = 0, 0.0
+        while job.poll() is None and time.time() < limit and (time.time() < end or reached <= target):
             time.sleep(0.2)
+            if time.time() > max(end, checked + 2):  # past the budget: read how far it got now and then
+                checked = time.time()
+                reached = analysis.progress(analysis.read_events(metrics), checked)
         if job.code is not None:
             raise CampaignError(f"the fault-free run ended early (exit {job.code}): see {d / 'jobs.log'}")
     finally:
         job.stop()
-    events = analysis.read_events(d / "run" / "metrics.jsonl")
+    events = analysis.read_events(metrics)
     cost = analysis.checkpoint_cost(events, end, save_every)
     if not cost["rate"]:
         raise CampaignError(f"the fault-free run finished no step in {s.duration:.0f} s: see {d / 'jobs.log'}")
@@ -114,14 +123,16 @@ def run_reference(s: Settings, save_every: int, say: Callable = print) -> dict:
            "goodput": round(steps / (end - start), 3), "goodput_fraction": round(steps / (end - start) / cost["rate"], 4),
            "fault_free_rate": round(cost["rate"], 3), "step_s": cost["step_s"], "save_s": cost["save_s"],
            "checkpoint_overhead": round(steps // save_every * (cost["save_s"] or 0) / (end - start), 4),
-           "start": start, "end": end, "dir": str(d)}
-    say(f"campaign: fault-free: {steps} steps, {cost['rate']:.1f} steps/s without saves")
+           "reached": analysis.progress(events, time.time()), "start": start, "end": end, "dir": str(d)}
+    say(f"campaign: fault-free: {steps} steps in {s.duration:.0f} s ({cost['rate']:.1f} steps/s without saves); "
+        f"stopped at step {row['reached']}")
     return row
 
 
 def reference_losses(ref: dict) -> dict:
+    """Every loss the fault-free run logged, by global step (also past its budget)."""
     events = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
-    return {e["global_step"]: e["loss"] for e in events if e["event"] == "step" and e["time"] <= ref["end"]}
+    return {e["global_step"]: e["loss"] for e in events if e["event"] == "step"}
 
 
 def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list, say: Callable = print) -> dict:
