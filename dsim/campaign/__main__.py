@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_config
-from . import analysis, failures, report, runner, scale, strategies
+from . import analysis, failures, jobs, report, runner, scale, strategies
 from .failures import PLAN_KINDS, parse_duration
 
 
@@ -146,6 +146,7 @@ def main(argv=None) -> int:
         rows = [ref, *doc["combinations"]]
         doc["finished"] = True
     except KeyboardInterrupt:
+        jobs.sweep(f"{s.tag}-", prefix=True)  # a job being started as Ctrl-C came
         say(f"campaign: interrupted; every job stopped; the report keeps the {len(doc['combinations'])} "
             "combination(s) that finished")
         code = 130

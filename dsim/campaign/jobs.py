@@ -93,23 +93,25 @@ def _name(pid: int) -> str:
         return ""
 
 
-def carrying(job_id: str) -> list[int]:
-    """Processes whose environment holds DSIM_CAMPAIGN_JOB=<job_id> (those of this job only)."""
+def carrying(job_id: str, prefix: bool = False) -> list[int]:
+    """Processes whose environment holds DSIM_CAMPAIGN_JOB=<job_id> (those of this job only; with prefix,
+    of every job whose id starts so: a campaign's)."""
     needle = f"{MARK}={job_id}".encode()
     found = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit() and int(d.name) != os.getpid():
             try:
-                if needle in (d / "environ").read_bytes().split(b"\0"):
-                    found.append(int(d.name))
+                items = (d / "environ").read_bytes().split(b"\0")
             except OSError:
-                pass
+                continue
+            if any(v == needle or (prefix and v.startswith(needle)) for v in items):
+                found.append(int(d.name))
     return found
 
 
-def sweep(job_id: str) -> None:
+def sweep(job_id: str, prefix: bool = False) -> None:
     """SIGKILL every process of the job still alive (a spare or a replacement outside its process group)."""
-    for pid in carrying(job_id):
+    for pid in carrying(job_id, prefix):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
