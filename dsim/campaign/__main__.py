@@ -119,6 +119,8 @@ def main(argv=None) -> int:
         print(f"dsim: error: {e}", file=sys.stderr)
         return 2
     s.out.mkdir(parents=True, exist_ok=True)
+    from .. import guard
+    guard.set_run_dir(s.out)
     signal.signal(signal.SIGTERM, _interrupt)
     plan = failures.draw(s.seed, s.mtbf, s.duration, s.kinds, s.ranks)
     doc = {"format": "dsim-campaign/1", "command": ["python", "-m", "dsim.campaign", *(argv or sys.argv[1:])],
@@ -198,4 +200,5 @@ def _interrupt(signum, frame):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .. import guard
+    guard.run(main)  # a bug is one line (its traceback in REPORT_DIR/logs); every job was stopped on the way out
