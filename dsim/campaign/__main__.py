@@ -180,8 +180,16 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
     doc["table"] = lines
     path = report.write_json(s.out, doc)
     print("\n".join(lines))
-    print(f"wrote {path}" + (f" and {png}" if png else "" if not rows else
+    print(f"wrote {shown(path)}" + (f" and {shown(png)}" if png else "" if not rows else
                              " (no timeline.png: matplotlib is not installed, pip install dsim[plot])"))
+
+
+def shown(path) -> str:
+    """A path as the user gave it: relative to the working directory when under it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def args_time(seconds: float) -> str:
