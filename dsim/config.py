@@ -110,7 +110,7 @@ class CheckpointSection:
 
 @dataclass
 class FaultConfig:
-    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error)
+    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | plan ($DSIM_FAULT_PLAN)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     step: Any = None                         # global step (1-based); or one per rank of a rank list
@@ -268,8 +268,11 @@ def validate(cfg: Config) -> None:
     if cfg.tft.spares < 0:
         raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce"):
-        raise ConfigError(f"config: fault.kind must be exception, kill or uce, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce", "plan"):
+        raise ConfigError(f"config: fault.kind must be exception, kill, uce or plan, got {f.kind!r}")
+    if f.kind == "plan" and not Path(os.environ.get("DSIM_FAULT_PLAN") or "/nonexistent/").is_file():
+        raise ConfigError("config: fault.kind plan needs $DSIM_FAULT_PLAN, a fault plan file (python -m dsim.campaign "
+                          f"writes one), got {os.environ.get('DSIM_FAULT_PLAN')!r}")
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")
@@ -283,7 +286,7 @@ def validate(cfg: Config) -> None:
     from .faults import POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
-    if f.kind and (f.epoch if f.at == "epoch_end" else f.step) is None:
+    if f.kind and f.kind != "plan" and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     from .data.factory import NAMES as DATASETS, TOKEN_DATASETS
     from .nn.models import MODELS

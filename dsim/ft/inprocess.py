@@ -219,7 +219,8 @@ def take_place(world, pool, joining):
     """
     from ..engine import build_run
     cfg = config_from_dict(joining["cfg"])
-    cfg.fault = FaultConfig()  # the newcomer is a new, healthy process
+    cfg.fault = FaultConfig(kind="plan" if cfg.fault.kind == "plan" else None)  # a new, healthy process (a
+    # fault plan's entries fire once in the whole campaign, so a newcomer may keep the plan)
     run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
     run.spares = pool
     step = joining["step"]
