@@ -4,8 +4,8 @@ Every scheme restarts the job through the launch scripts when it ends before the
 recover script resumes from the newest usable committed checkpoint, periodic or last gasp); they differ in
 what the job does itself when a rank fails. A scheme is a row of STRATEGIES: its config settings, whether
 it heals in the job, and whether it must end bit for bit where a fault-free run does. A scheme whose
-settings this dsim does not know (elastic, issue 18, adds `tft.elastic`) is refused up front with one line
-naming what is missing; it runs as soon as its setting exists.
+settings this dsim does not know is refused up front with one line naming what is missing; it runs as soon as
+its setting exists.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ STRATEGIES = {
                     "(tft.arf), a UCE is repaired from the replica (tft.uce)",
                     ("tft.arf=true", "tft.uce=true"), spares=True, needs="tft.arf and tft.uce (in-job repair)"),
     "elastic": Strategy("elastic", "go on in the job with fewer ranks (tft.elastic)", ("tft.elastic=true",),
-                        exact=False, needs="tft.elastic (in-job elastic recovery, issue 18)"),
+                        exact=False, needs="tft.elastic (in-job elastic recovery)"),
 }
 
 
