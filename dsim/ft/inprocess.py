@@ -114,7 +114,7 @@ class InProcessRecovery:
                          f"{len(filled.pool.spares)} left{'; the others spawned' if filled.spawned else ''})")
             say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; "
                 f"training goes on after step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)")
-            event("uce_repair" if damaged and not failed else "heal", failed=failed, damaged=damaged,
+            event("uce_repair" if damaged and not failed else "heal", any_rank=True, failed=failed, damaged=damaged,
                   global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
                   world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1),
                   **({"by_spare": filled.by_spare, "spawned": filled.spawned, "spares_left": len(filled.pool.spares)}
