@@ -121,11 +121,14 @@ class MetricsLog(Callback):
         self.rank = None
 
     def log(self, event: str, any_rank: bool = False, **fields) -> None:
-        if self._file is None and any_rank:
-            self._open()
+        line = json.dumps({"event": event, "time": time.time(), "rank": self.rank, **fields}) + "\n"
         if self._file is not None:
-            self._file.write(json.dumps({"event": event, "time": time.time(), "rank": self.rank, **fields}) + "\n")
+            self._file.write(line)
             self._file.flush()
+        elif any_rank:  # a rank other than 0 (e.g. the lowest survivor): this line only, the file not kept open
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as fh:
+                fh.write(line)
 
     def _open(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
