@@ -52,6 +52,11 @@ def summarize(params: dict, raw: dict) -> dict:
                         note="diagnostic"))
         if "dcp" not in methods:
             rows.append(text_row(f"{op}: DCP", raw["dcp"]))
+    if "reshard_s" in reps[0]:
+        ratios = [r["reshard_s"] / r["load_s"]["dsim"] for r in reps]
+        figures["reshard_over_load"] = ratios
+        rows.append(row(f"offline reshard to {reps[0]['reshard_ranks']} ranks (python -m dsim.reshard, one process) / "
+                        f"dsim's load on {params['ranks']} ranks", ratios, "x"))
     resident = max(v for r in reps for v in r["resident_before_load"].values())
     figures["max_resident_fraction_before_load"] = resident
     rows.append(text_row("page cache before each load",

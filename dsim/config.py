@@ -111,7 +111,7 @@ class CheckpointSection:
 
 @dataclass
 class FaultConfig:
-    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error)
+    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | plan ($DSIM_FAULT_PLAN)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     step: Any = None                         # global step (1-based); or one per rank of a rank list
@@ -126,6 +126,7 @@ class TFTConfig:
     uce: bool = False                        # repair a rank's memory error in the job from a replica (implies ttp)
     arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
+    elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
 
 
@@ -250,7 +251,7 @@ def apply_tft_env(tft: TFTConfig, value) -> None:
             setattr(tft, k.lower(), v == "1")
     if isinstance(tft.spares, int) and tft.spares > 0:
         tft.arf = True  # a spare is only ever used to replace a dead rank
-    if tft.uce or tft.arf:
+    if tft.uce or tft.arf or tft.elastic:
         tft.ttp = True
 
 
@@ -273,8 +274,11 @@ def validate(cfg: Config) -> None:
     if cfg.tft.spares < 0:
         raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce"):
-        raise ConfigError(f"config: fault.kind must be exception, kill or uce, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce", "plan"):
+        raise ConfigError(f"config: fault.kind must be exception, kill, uce or plan, got {f.kind!r}")
+    if f.kind == "plan" and not Path(os.environ.get("DSIM_FAULT_PLAN") or "/nonexistent/").is_file():
+        raise ConfigError("config: fault.kind plan needs $DSIM_FAULT_PLAN, a fault plan file (python -m dsim.campaign "
+                          f"writes one), got {os.environ.get('DSIM_FAULT_PLAN')!r}")
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")
@@ -288,7 +292,7 @@ def validate(cfg: Config) -> None:
     from .faults import POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
-    if f.kind and (f.epoch if f.at == "epoch_end" else f.step) is None:
+    if f.kind and f.kind != "plan" and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     from .data.factory import NAMES as DATASETS, TOKEN_DATASETS
     from .nn.models import MODELS

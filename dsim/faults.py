@@ -14,11 +14,19 @@ rank null means every rank (for exceptions); a list such as [0, 4] names several
 a list of steps as long as it, each rank fires at its own step (rank: [0, 5], step: [6, 13]).
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save.
+kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
+writes it): each entry {time, rank, kind: kill | uce | corrupt, at: forward | allreduce | update} fires once,
+on that rank, at the first such point reached at or after `time` (Unix seconds); `corrupt` kills here (the
+campaign damages the rank's file on disk). A fired entry is marked by a file created exclusively in
+<plan>.fired/, so a restarted job, a warm spare or a spawned replacement that takes the rank never fires it again.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -70,6 +78,8 @@ class FaultInjector(Callback):
         global _armed
         cb = run_context.original_args()
         self.my_rank, self.optimizer = cb.rank, cb.optimizer
+        if self.kind == "plan":
+            self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank)
         if self.steps and self.my_rank in self.ranks:
             self.step = self.steps[self.ranks.index(self.my_rank)]
         _armed = self
@@ -131,5 +141,56 @@ def armed(point: str) -> bool:
 def at_point(point: str, global_step: int) -> None:
     """Called where a fault may strike inside a step (forward, allreduce, update) or a save (save, commit)."""
     f = _armed
-    if f is not None and f.at == point and (f.step is None or f.step == global_step):
+    if f is not None and f.kind == "plan":
+        f.plan.strike(point, global_step, f)
+    elif f is not None and f.at == point and (f.step is None or f.step == global_step):
         f.fire(f"during the {point} of step {global_step}", global_step)
+
+
+PLAN_ENV = "DSIM_FAULT_PLAN"
+PLAN_KINDS = ("kill", "uce", "corrupt")
+PLAN_POINTS = ("forward", "allreduce", "update")
+
+
+class FaultPlan:
+    """This rank's entries of a fault plan, in time order; each fires once across every process of the campaign."""
+
+    def __init__(self, path, rank: int, entries: list):
+        self.path, self.rank, self.entries = Path(path), rank, entries  # [(index, entry)] of this rank
+
+    @classmethod
+    def load(cls, path, rank: int) -> "FaultPlan":
+        faults = json.loads(Path(path).read_text())["faults"]
+        Path(f"{path}.fired").mkdir(exist_ok=True)
+        mine = [(i, f) for i, f in enumerate(faults) if f["rank"] == rank and not fired_marker(path, i).exists()]
+        return cls(path, rank, sorted(mine, key=lambda x: x[1]["time"]))
+
+    def strike(self, point: str, global_step: int, injector: "FaultInjector") -> None:
+        """Fire the first due entry set for this point, unless another process already did."""
+        now = time.time()
+        for n, (i, f) in enumerate(self.entries):
+            if f["time"] > now:
+                return
+            if f["at"] != point:
+                continue
+            del self.entries[n]
+            try:  # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)
+                fd = os.open(fired_marker(self.path, i), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"index": i, "time": now, "rank": self.rank, "global_step": global_step, **f}, fh)
+            where = f"during the {point} of step {global_step} (fault plan entry {i})"
+            event("fault", any_rank=True, kind=f["kind"], rank=self.rank, where=where, at=point,
+                  global_step=global_step, plan_index=i)
+            if f["kind"] == "uce":
+                error = UCEError(self.rank, where, corrupt(injector.optimizer, self.rank))
+                say(f"dsim: fault: {error}")
+                raise error
+            kill(f"dsim: fault: killing rank {self.rank} (SIGKILL) {where}"
+                 + (" (its newest shard on disk is damaged too)" if f["kind"] == "corrupt" else ""))
+
+
+def fired_marker(plan, index: int) -> Path:
+    """The file that says entry `index` of the plan at `plan` has fired (created by the rank that fired it)."""
+    return Path(f"{plan}.fired") / str(index)

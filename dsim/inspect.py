@@ -28,7 +28,7 @@ from .checkpoint.group_info import group_info_list
 from .checkpoint.merge import merge
 from .checkpoint.survivability import parse_layout, survivability
 from .checkpoint.verify import indexes_of, verify
-from .parallel.layout import LayoutError
+from .parallel.layout import LayoutError, ParallelLayout
 
 
 class UsageError(Exception):
@@ -219,8 +219,10 @@ def _size(n) -> str:
 def _layout(layout) -> str:
     if not isinstance(layout, dict):
         return "?"
-    stages = f"pp={layout['pipeline_stage']} " if layout.get("pipeline_stage", 1) != 1 else ""
-    return f"{stages}dp={layout.get('data_parallel')} mp={layout.get('model_parallel')} k={layout.get('optimizer_shard')}"
+    try:
+        return ParallelLayout(**layout).describe()
+    except (TypeError, ValueError):  # a damaged record: show what it says
+        return " ".join(f"{k}={v}" for k, v in layout.items())
 
 
 def _sets(sets, show=8) -> str:

@@ -110,9 +110,16 @@ def train(run, step: int, joining=None) -> int:
 
     joining: given to a process that takes a dead rank's place in the running job.
     """
-    code = _train(run, step, joining)
+    from .ft.elastic import Idle, wait_idle
+    try:
+        code = _train(run, step, joining)
+    except Idle as idle:  # left over by an elastic shrink: out of training until the job ends
+        wait_idle(idle.comm)
+        return 0
     if run.spares is not None:
         run.spares.release(code)
+    if run.model.recovery is not None:
+        run.model.recovery.release_idle()
     return code
 
 

@@ -98,6 +98,7 @@ def test_bench_runs_at_toy_size(tmp_path):
         assert rep["verified"] == {"raw": True, "dsim": True}  # each load restored the saved bytes
         assert max(rep["resident_before_load"].values()) < 0.1  # and read them from disk, not the page cache
         assert all(rep["save_s"][m] > 0 and rep["load_s"][m] > 0 for m in ("raw", "dsim"))
+        assert rep["reshard_s"] > 0 and rep["reshard_ranks"] == 1   # 2 ranks -> 1 (3/4 of 2, at least 1)
     assert len(io["figures"]["save_dsim_over_raw"]) == 3
     assert "skipped (--no-dcp)" in results["table"]
 

@@ -163,7 +163,8 @@ def test_sampler_shuffle():
 
 
 def test_sampler_bad_sizes():
-    assert_one_line_error(lambda: DistributedSampler(100, 10, num_replicas=4), "10", "4")
+    uneven = [DistributedSampler(100, 10, num_replicas=4, rank=r, shuffle=False) for r in range(4)]  # 3/3/2/2
+    assert [list(s.batch_indices(0, 1)) for s in uneven] == [[10, 11, 12], [13, 14, 15], [16, 17], [18, 19]]
     assert_one_line_error(lambda: DistributedSampler(100, 2, num_replicas=4), "2", "4")
     assert_one_line_error(lambda: DistributedSampler(100, 0), "0")
     assert_one_line_error(lambda: DistributedSampler(10, 32), "10", "32")

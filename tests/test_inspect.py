@@ -147,7 +147,7 @@ def test_bad_paths_and_foreign_files_are_one_line(tmp_path, capsys):
     for argv, message in [([str(tmp_path / "nope")], "no such directory"),
                           ([str(tmp_path / "file.txt")], "not a directory"),
                           ([str(tmp_path)], "no checkpoint directory"),
-                          (["--survivability", "--layout", "dp=2,pp=3"], "expected items like dp=2,mp=4,k=1"),
+                          (["--survivability", "--layout", "dp=2,tp=3"], "expected items like dp=2,mp=4,k=1"),
                           (["--survivability", "--layout", "dp=4,k=3"], "must divide"),
                           (["--merge", str(tmp_path / "x-1_1"), "-o", str(tmp_path / "m.h5")], "no committed"),
                           ([], "give a checkpoint directory")]:

@@ -89,7 +89,8 @@ def test_scales_to_65536_ranks_without_enumerating():
 def test_parse_layout():
     assert parse_layout("dp=2,mp=4,k=1") == ParallelLayout(2, 4, 1)
     assert parse_layout("mp=8") == ParallelLayout(1, 8, 1)
+    assert parse_layout("pp=2,dp=2,mp=2") == ParallelLayout(2, 2, 1, pipeline_stage=2)
     with pytest.raises(ValueError, match="expected items like"):
-        parse_layout("dp=2,pp=4")
+        parse_layout("dp=2,tp=4")
     with pytest.raises(LayoutError):
         parse_layout("dp=4,k=3")

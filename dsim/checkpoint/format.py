@@ -57,6 +57,27 @@ class Tensor:
     opt_sharded: bool = False
 
 
+class Deferred(NamedTuple):
+    """Tensor data read only when the writer reaches it (one tensor in memory at a time: dsim.reshard)."""
+
+    shape: tuple
+    dtype: np.dtype
+    fill: object   # fill(out): write the tensor's values into out, an empty array of shape and dtype
+
+    @property
+    def flags(self):
+        return _DeferredFlags
+
+    def materialize(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        self.fill(out)
+        return out
+
+
+class _DeferredFlags:
+    c_contiguous = True
+
+
 @dataclass
 class Shard:
     """A checkpoint file read back: its attributes, tensors and append_info values."""
@@ -296,6 +317,8 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
                                                 dcpl=tensor_io.early_dcpl()), data))
             datasets = {}  # what the checksum table covers, from memory: no second pass over the file
             for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
+                if isinstance(data, Deferred):
+                    data = data.materialize()
                 attrs = dict(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
                              split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
                 _set_attrs(ds, attrs)

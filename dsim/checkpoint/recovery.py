@@ -217,6 +217,12 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
 
     for i, record in enumerate(records):
         directory = Path(record["directory"])
+        if not record["integrated_save"] and not same_layout(record, layout, comm.size):
+            try:
+                return record, _resharded(run, directory, record, log, t0)
+            except CheckpointError as e:
+                unusable(i, str(e))
+                continue
         check_compatible(record, layout, comm.size, cm.commit_path(directory, record["name"]))
         digest, why = expected_digest(comm, directory, record)
         if why:
@@ -257,6 +263,33 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
                 f"loaded in {1000 * (time.perf_counter() - t0):.0f} ms")
         return record, param_dict
     raise CheckpointError(f"no usable committed checkpoint in {source or run.checkpoint_dir} (tried {'; '.join(tried)})")
+
+
+def same_layout(record: dict, layout: ParallelLayout, world_size: int) -> bool:
+    """Whether a checkpoint was saved by this layout on this many ranks (else it is resharded on load)."""
+    try:
+        check_compatible(record, layout, world_size, "")
+        return True
+    except CheckpointError:
+        return False
+
+
+def _resharded(run, directory, record, log, t0) -> dict:
+    """Load a checkpoint of another layout or world size (reshard.load_resharded) and say so on rank 0."""
+    from .reshard import load_resharded
+    saved = ParallelLayout(**record["layout"])
+    meta = load_resharded(run, directory, record)
+    layout, comm = run.groups.layout, run.groups.world
+    if comm.rank == 0:
+        for r, why in sorted(meta["passed_over"].items()):
+            log(f"dsim: recovery: rank {r}'s file of {record['name']} not used: {why}; its slices read from other holders")
+        ms = 1000 * (time.perf_counter() - t0)
+        log(f"dsim: resharded {record['name']} from {saved.describe()} on {record['world_size']} ranks to "
+            f"{layout.describe()} on {comm.size} ranks in {ms:.0f} ms")
+        record_event(run, "reshard", checkpoint=record["name"], global_step=record["global_step"],
+                     source_layout=saved.to_dict(), layout=layout.to_dict(), world_size=comm.size,
+                     source_world_size=record["world_size"], ms=round(ms, 1))
+    return meta
 
 
 def state_names(run) -> list:

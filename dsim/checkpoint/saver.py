@@ -240,6 +240,9 @@ class ModelCheckpoint(Callback):
         An async save still in flight is abandoned first (the job it was started in is gone)."""
         cb = run_context.original_args()
         note = self.abandon("an in-job repair took over")
+        if cb.rank != self.rank:  # an elastic shrink renumbered the ranks: this rank's group info is new
+            self.rank = cb.rank
+            write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
         # every rank of the repaired world is here (a replacement too, which had no save in flight): rank 0 says it
         notes = [n for n in cb.model.groups.world.allgather(note) if n]
         if notes and cb.rank == 0:

@@ -2,7 +2,9 @@
 
 The global batch of a step does not depend on the number of replicas: replicas take contiguous,
 rank-ordered slices of it. So a run with dp replicas sees exactly the samples of a single-process run
-with the same global batch, and a resumed run picks up at any (epoch, step) without replaying.
+with the same global batch, and a resumed run picks up at any (epoch, step) without replaying. When the
+replicas do not divide the batch (e.g. 32 over 3 after an elastic resize) the first ones take one sample
+more: losses and gradients are sums over the global batch divided by its size, so nothing else changes.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ class DistributedSampler:
             raise DatasetError(f"num_replicas must be >= 1, got {R}")
         if not 0 <= int(rank) < R:
             raise DatasetError(f"rank {rank} out of range for {R} replicas")
-        if B < R or B % R:
-            raise DatasetError(f"global batch size {B} must be a positive multiple of the {R} replicas")
+        if B < R:
+            raise DatasetError(f"global batch size {B} is smaller than the {R} replicas")
         if n < B:
             raise DatasetError(f"num_samples {n} is smaller than the global batch size {B}")
         if int(seed) < 0:
@@ -30,7 +32,9 @@ class DistributedSampler:
         self.num_samples, self.global_batch_size = n, B
         self.num_replicas, self.rank = R, int(rank)
         self.shuffle, self.seed = bool(shuffle), int(seed)
-        self.local_batch_size = B // R
+        base, extra = divmod(B, R)
+        self.local_batch_size = base + (1 if self.rank < extra else 0)
+        self._start = self.rank * base + min(self.rank, extra)   # this replica's first sample in a batch
         self._cached_epoch, self._cached_perm = None, None
 
     def __repr__(self) -> str:
@@ -65,8 +69,7 @@ class DistributedSampler:
 
     def batch_indices(self, epoch: int, step: int) -> np.ndarray:
         """This replica's contiguous slice of global batch (epoch, step)."""
-        b = self.local_batch_size
-        return self.global_batch(epoch, step)[self.rank * b:(self.rank + 1) * b]
+        return self.global_batch(epoch, step)[self._start:self._start + self.local_batch_size]
 
     def iterate(self, start_epoch: int = 0, start_step: int = 0, end_epoch: int | None = None):
         """Yield (epoch, step, indices) from (start_epoch, start_step) through epoch end_epoch - 1.

@@ -33,7 +33,10 @@ def resolve_layout(cfg: Config, world_size: int) -> ParallelLayout:
         raise
     dp = layout.data_parallel
     local = cfg.data.batch_size // dp
-    if cfg.data.batch_size % dp == 0 and local % p.micro_batch_num:
+    if p.micro_batch_num > 1 and cfg.data.batch_size % dp:
+        raise ConfigError(f"layout: micro_batch_num={p.micro_batch_num} needs data.batch_size={cfg.data.batch_size} "
+                          f"divisible by data_parallel={dp}")
+    if local % p.micro_batch_num:
         raise ConfigError(f"layout: micro_batch_num={p.micro_batch_num} does not divide the batch of "
                           f"{local} per data-parallel rank (data.batch_size={cfg.data.batch_size} / "
                           f"data_parallel={dp})")
@@ -128,7 +131,7 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     dataset = dataset.batch(d.batch_size)
     model = Model(network, optimizer=optimizer).build(dataset, held_out)  # the groups, this rank's part of the data
     run = Run(cfg, model.groups, network, optimizer, model, dataset, eval_dataset=held_out)
-    if cfg.tft.uce or cfg.tft.arf:
+    if cfg.tft.uce or cfg.tft.arf or cfg.tft.elastic:
         from ..ft.inprocess import InProcessRecovery
         model.recovery = InProcessRecovery(run)
     return run

@@ -143,11 +143,14 @@ class MetricsLog(Callback):
         self.rank = None
 
     def log(self, event: str, any_rank: bool = False, **fields) -> None:
-        if self._file is None and any_rank:
-            self._open()
+        line = json.dumps({"event": event, "time": time.time(), "rank": self.rank, **fields}) + "\n"
         if self._file is not None:
-            self._file.write(json.dumps({"event": event, "time": time.time(), "rank": self.rank, **fields}) + "\n")
+            self._file.write(line)
             self._file.flush()
+        elif any_rank:  # a rank other than 0 (e.g. the lowest survivor): this line only, the file not kept open
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as fh:
+                fh.write(line)
 
     def _open(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +164,13 @@ class MetricsLog(Callback):
             self._open()
             self.log("train_begin", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num,
                      world_size=cb.world_size, layout=cb.layout)
+
+    def recovered(self, run_context):
+        """After an in-job repair or an elastic shrink: this process's rank may be new (rank 0 writes)."""
+        cb = run_context.original_args()
+        self.rank = cb.rank
+        if cb.rank == 0 and self._file is None:
+            self._open()
 
     def step_end(self, run_context):
         cb = run_context.original_args()

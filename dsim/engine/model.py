@@ -199,6 +199,8 @@ class Model:
                 if self.recovery is None or not self.recovery.handles(e):
                     raise
                 step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
+                cb.rank, cb.world_size, cb.layout = self.groups.rank, self.groups.world.size, self.groups.layout.to_dict()
+                cb.network, cb.optimizer = self.network, self.optimizer  # new ones after an elastic shrink
                 train_dataset.set_init_step(step)
                 _recovered(callbacks, ctx, train_dataset, step)
         train_dataset.set_init_step(cb.cur_step_num)

@@ -26,11 +26,12 @@ import numpy as np
 from mpi4py import MPI
 
 from ..checkpoint.group_info import group_info, replica_sets
-from ..config import FaultConfig, config_from_dict
+from ..config import ConfigError, FaultConfig, config_from_dict
 from ..engine.callbacks import event, say
 from ..faults import UCEError
 from ..parallel.groups import Groups
-from . import spares as warm, ulfm
+from ..parallel.layout import LayoutError
+from . import elastic, spares as warm, ulfm
 from .last_gasp import survey
 
 TAG = 0xAF
@@ -50,6 +51,7 @@ class InProcessRecovery:
     def __init__(self, run):
         self.run = run
         self.pending = None  # (time of the fault, what) until the next step finishes
+        self.idle = []       # (comm, its ranks left over) of every elastic shrink: released at the end
 
     def handles(self, exc) -> bool:
         """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM."""
@@ -78,7 +80,7 @@ class InProcessRecovery:
             raise exc  # an MPI error with every rank alive and whole: not a fault to repair
         what = describe(failed, damaged)
         lead = comm.rank == 0
-        if failed and not cfg.arf:
+        if failed and not cfg.arf and not cfg.elastic:
             raise CannotRepair(f"{what}; replacing a dead process is off (tft.arf)", lead)
         if damaged and not cfg.uce:
             raise CannotRepair(f"{what}; repairing a memory error is off (tft.uce)", lead)
@@ -87,6 +89,8 @@ class InProcessRecovery:
         if p.step is None:
             sets = "; ".join(f"ranks {g}" for g in p.lost)
             raise CannotRepair(f"{what}; it cannot be repaired: no healthy rank holds the slices of {sets}", lead)
+        if failed and not cfg.arf:   # tft.elastic: go on with fewer ranks
+            return self._continue_smaller(comm, failed, p, t_fault, what, lead)
         t0 = time.time()
         world, filled = comm, None
         try:
@@ -110,12 +114,45 @@ class InProcessRecovery:
                          f"{len(filled.pool.spares)} left{'; the others spawned' if filled.spawned else ''})")
             say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; "
                 f"training goes on after step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)")
-            event("uce_repair" if damaged and not failed else "heal", failed=failed, damaged=damaged,
+            event("uce_repair" if damaged and not failed else "heal", any_rank=True, failed=failed, damaged=damaged,
                   global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
                   world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1),
                   **({"by_spare": filled.by_spare, "spawned": filled.spawned, "spares_left": len(filled.pool.spares)}
                      if filled is not None else {}))
         return p.step
+
+    def _continue_smaller(self, comm, failed, p, t_fault, what, lead) -> int:
+        """tft.elastic (dsim.ft.elastic): the living go on in a smaller layout; those left over wait idle."""
+        run, t0 = self.run, time.time()
+        old, old_ranks = run.groups.layout, ulfm.world_ranks(comm, run.groups.world)
+        try:
+            new, fresh = elastic.continue_smaller(run, comm, p, lambda layout: elastic.new_config(run.cfg, layout))
+        except (LayoutError, ConfigError) as e:
+            raise CannotRepair(f"{what}; it cannot go on with fewer ranks: {e}", lead) from None
+        except MPI.Exception:
+            ulfm.revoke(comm)  # another failure during the move: the caller falls back to the last gasp
+            raise
+        idle = list(range(new.world_size, comm.size))
+        if fresh is None:
+            raise elastic.Idle(comm)
+        self.idle.append((comm, idle))
+        elastic.adopt(run, fresh, elastic.new_config(run.cfg, new))
+        self.pending = (t_fault, "elastic")
+        if lead:
+            ms = elastic.elapsed_ms(t0)
+            waiting = (f"; rank(s) {', '.join(str(old_ranks[r]) for r in idle)} of the living wait "
+                       f"idle" if idle else "")
+            say(f"dsim: elastic: {what}; no replacement: going on with {new.world_size} of {comm.size} living ranks as "
+                f"{new.describe()} (was {old.describe()} on {old.world_size}){waiting}; training goes on after step "
+                f"{p.step} (took {ms:.0f} ms)")
+            event("elastic", any_rank=True, failed=failed, global_step=p.step, layout=new.to_dict(), old_layout=old.to_dict(),
+                  world_size=new.world_size, living=comm.size, idle=len(idle), ms=round(ms, 1))
+        return p.step
+
+    def release_idle(self) -> None:
+        """At the end of training, rank 0 lets the processes left over by elastic shrinks go."""
+        if self.idle and self.run.groups.world.rank == 0:
+            elastic.release_idle(self.idle)
 
     def _refill(self, comm, failed, p, callbacks, t_fault):
         """Fill the dead ranks' places from the warm spares, else by spawning, and order the new world (ARF)."""
@@ -182,7 +219,8 @@ def take_place(world, pool, joining):
     """
     from ..engine import build_run
     cfg = config_from_dict(joining["cfg"])
-    cfg.fault = FaultConfig()  # the newcomer is a new, healthy process
+    cfg.fault = FaultConfig(kind="plan" if cfg.fault.kind == "plan" else None)  # a new, healthy process (a
+    # fault plan's entries fire once in the whole campaign, so a newcomer may keep the plan)
     run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
     run.spares = pool
     step = joining["step"]

@@ -11,7 +11,7 @@ The CLI turns it on with `tft:` in the config or MS_ENABLE_TFT; a script as the 
 - TrainFaultTolerance(ckpt_save_path): besides, a rank whose memory fails (UCE) is repaired from its replica
   in the job and training goes on; the last gasp stays the fallback.
 MS_ENABLE_TFT='{TTP:1,UCE:1}' adds its switches to the callback's. Replacing a dead process (ARF, warm
-spares) starts `python -m dsim.train` processes, so it is the CLI's only.
+spares) and going on with fewer ranks (elastic) rebuild the run from a config, so they are the CLI's only.
 """
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ class TFTRegister(Callback):
         for key, value in self.switches.items():
             setattr(cfg.tft, key, value)
         apply_tft_env(cfg.tft, os.environ.get("MS_ENABLE_TFT"))
-        if cfg.tft.arf or cfg.tft.spares:
-            raise ConfigError("replacing a dead process (ARF, warm spares) starts python -m dsim.train processes: "
-                              "it is for the CLI, not a script")
+        if cfg.tft.arf or cfg.tft.spares or getattr(cfg.tft, "elastic", False):
+            raise ConfigError("replacing a dead process (ARF, warm spares) or going on with fewer ranks (elastic) "
+                              "rebuilds the run from a config: it is for python -m dsim.train, not a script")
         cfg.tft.ckpt_save_path = str(self.ckpt_save_path)
         saver = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
         if saver is not None:  # the last gasp's files carry the same append_info as the periodic ones

@@ -103,6 +103,11 @@ class ParallelLayout:
         c = self.coords(rank)
         return self.rank_of(c.dp, c.mp, c.stage + offset)
 
+    def describe(self) -> str:
+        """dp=2 mp=4 k=1 (pp=2 first when there are stages): how logs and tools name a layout."""
+        stages = f"pp={self.pipeline_stage} " if self.pipeline_stage > 1 else ""
+        return f"{stages}dp={self.data_parallel} mp={self.model_parallel} k={self.optimizer_shard}"
+
     def to_dict(self) -> dict:
         out = {"data_parallel": self.data_parallel, "model_parallel": self.model_parallel,
                "optimizer_shard": self.optimizer_shard}

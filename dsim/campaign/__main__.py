@@ -1,0 +1,212 @@
+"""Fault campaigns on real jobs: which recovery scheme wins under a given failure rate.
+
+    $ python -m dsim.campaign --mtbf 30s --duration 10m --faults kill,uce,corrupt \\
+          --strategy periodic,ttp,arf --save-every 10,50 --seed 1 -o campaign --set model.hidden=[64,128,128,64]
+
+Every strategy x interval for --duration each, under the same failures, then a fault-free run; prints
+the table, writes REPORT_DIR/report.json and REPORT_DIR/timeline.png (with matplotlib). Ctrl-C
+stops the running job (and everything it started) and keeps the report of the combinations that finished.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from ..config import ConfigError, load_config
+from . import analysis, failures, jobs, report, runner, scale, strategies
+from .failures import PLAN_KINDS, parse_duration
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dsim.campaign", description=__doc__.splitlines()[0])
+    p.add_argument("--config", help="YAML config of the job (default: configs/default.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every job, e.g. --set model.hidden=[64,128,128,64] (repeatable)")
+    p.add_argument("--mtbf", default="30s", help="mean time between failures of the job (default 30s)")
+    p.add_argument("--duration", default="2m", help="wall-clock budget of each combination and of the fault-free run")
+    p.add_argument("--faults", default="kill", help=f"kinds of failure drawn, among {','.join(PLAN_KINDS)} (default kill)")
+    p.add_argument("--strategy", default="periodic,ttp,arf",
+                   help=f"schemes to compare, among {','.join(strategies.STRATEGIES)} (default periodic,ttp,arf)")
+    p.add_argument("--save-every", default="10,50", help="periodic checkpoint intervals in steps (default 10,50)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the failure process (default 1)")
+    p.add_argument("--ranks", type=int, default=8, help="training ranks (RANK_SIZE of the launch scripts; default 8)")
+    p.add_argument("--spares", type=int, default=2, help="at most this many warm spares for arf (default 2)")
+    p.add_argument("--rank-mtbf", default="1y", help="per-rank MTBF of the what-if at scale (default 1y)")
+    p.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="a new (or empty) directory")
+    return p.parse_args(argv)
+
+
+def settings_from(args) -> tuple:
+    """Validated settings, or ValueError / ConfigError with one line."""
+    def durations(opt, text):
+        try:
+            return parse_duration(text)
+        except ValueError as e:
+            raise ValueError(f"{opt}: {e}") from None
+    mtbf, duration, rank_mtbf = (durations("--mtbf", args.mtbf), durations("--duration", args.duration),
+                                 durations("--rank-mtbf", args.rank_mtbf))
+    kinds = [k.strip() for k in args.faults.split(",")]
+    bad = [k for k in kinds if k not in PLAN_KINDS]
+    if bad or not kinds:
+        raise ValueError(f"--faults: unknown kind {bad[0]!r} (known: {', '.join(PLAN_KINDS)})")
+    try:
+        intervals = sorted({int(x) for x in args.save_every.split(",")})
+    except ValueError:
+        raise ValueError(f"--save-every: {args.save_every!r} is not a list of step counts, e.g. 10,50") from None
+    if not intervals or intervals[0] < 1:
+        raise ValueError(f"--save-every: intervals must be >= 1, got {args.save_every!r}")
+    if args.ranks < 1 or args.spares < 0:
+        raise ValueError("--ranks must be >= 1 and --spares >= 0")
+    chosen = strategies.parse(args.strategy)
+    if args.config and not Path(args.config).is_file():
+        raise ValueError(f"--config: file not found: {args.config}")
+    load_config(args.config, args.overrides)  # a bad config is one line here, not in every job's log
+    for s in chosen:
+        why = strategies.unavailable(s, args.config, args.overrides)
+        if why:
+            raise ValueError(why)
+    out = Path(args.output).resolve()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
+    return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
+                           args.ranks, args.spares), rank_mtbf
+
+
+def analyse(raw: dict, ref, ref_losses: dict) -> dict:
+    """A finished combination's row: summary figures, and (once the fault-free run is done) the losses and the
+    final state against it."""
+    row = {k: v for k, v in raw.items() if k != "events"}
+    row.update(analysis.summarize(raw["failures"], raw["events"], raw["start"], raw["end"], raw["save_every"],
+                                  ref["fault_free_rate"] if ref else None))
+    row["failures_injected"] = raw["fired"]  # the campaign's count (plan markers); seen is the job's own
+    row["unrecovered"] = raw["fired"] - row["survived"]
+    if ref is None:
+        row["losses"] = row["final_state"] = {"equal": None, "why": "the fault-free run did not run (interrupted)"}
+    else:
+        row["losses"] = analysis.losses_equal(raw["events"], raw["end"], ref_losses)
+        row["final_state"] = runner.final_state(raw, ref)
+    return row
+
+
+def furthest(raws: list) -> int:
+    """The highest global step any combination logged within its budget."""
+    return max((e["global_step"] for r in raws for e in r["events"] if e["event"] == "step" and e["time"] <= r["end"]),
+               default=0)
+
+
+def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
+    """The model at scale from the measured costs (scale.py)."""
+    begin = next((e for e in events if e["event"] == "train_begin"), {})
+    layout = begin.get("layout") or {"data_parallel": 2, "model_parallel": 4, "optimizer_shard": 1}
+    per_slice = max(1, layout["data_parallel"] // layout["optimizer_shard"])
+    costs = {}
+    for name in dict.fromkeys(r["strategy"] for r in rows[1:]):
+        mine = [r for r in rows[1:] if r["strategy"] == name]
+        downs = [f["recovery_s"] for r in mine for f in r["failures"] if f["recovered"]]
+        saves = [r["save_s"] for r in mine if r.get("save_s") is not None] or [ref.get("save_s")]
+        costs[name] = {"save_s": sorted(saves)[len(saves) // 2], "down_s": analysis.percentile(downs, 50)}
+    return {"rank_mtbf_s": rank_mtbf, "model_parallel": layout["model_parallel"], "holders_measured": per_slice,
+            "costs": costs, "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        s, rank_mtbf = settings_from(args)
+    except (ValueError, ConfigError) as e:
+        print(f"dsim: error: {e}", file=sys.stderr)
+        return 2
+    s.out.mkdir(parents=True, exist_ok=True)
+    from .. import guard
+    guard.set_run_dir(s.out)
+    signal.signal(signal.SIGTERM, _interrupt)
+    plan = failures.draw(s.seed, s.mtbf, s.duration, s.kinds, s.ranks)
+    doc = {"format": "dsim-campaign/1", "command": ["python", "-m", "dsim.campaign", *(argv or sys.argv[1:])],
+           "settings": {"mtbf_s": s.mtbf, "duration_s": s.duration, "faults": s.kinds, "seed": s.seed,
+                        "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
+                        "config": str(s.config_file), "overrides": s.overrides},
+           "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
+    raws, rows, events_of, code = [], [], {}, 0
+    try:
+        for strategy in s.strategies:
+            for k in s.intervals:
+                raw = runner.run_combination(s, strategy, k, plan, say)
+                raws.append(raw)
+                events_of[raw["dir"]] = raw["events"]
+                row = analyse(raw, None, {})
+                doc["combinations"].append(row)
+                report.write_json(s.out, doc)
+                say(f"campaign: {strategy.name}-every{k}: {row['steps']} steps, {row['failures_injected']} failure(s), "
+                    f"{row['survived']} survived")
+        ref = runner.run_reference(s, runner.gcd(s.intervals), furthest(raws), say)
+        doc["fault_free"] = ref
+        events_of[ref["dir"]] = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
+        ref_losses = runner.reference_losses(ref)
+        doc["combinations"] = [analyse(raw, ref, ref_losses) for raw in raws]
+        rows = [ref, *doc["combinations"]]
+        doc["finished"] = True
+    except KeyboardInterrupt:
+        jobs.sweep(f"{s.tag}-", prefix=True)  # a job being started as Ctrl-C came
+        say(f"campaign: interrupted; every job stopped; the report keeps the {len(doc['combinations'])} "
+            "combination(s) that finished")
+        code = 130
+    except runner.CampaignError as e:
+        print(f"dsim: error: {e}", file=sys.stderr)
+        code = 1
+    if not rows:
+        rows = doc["combinations"]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # every job is stopped: a second Ctrl-C must not lose the report
+    finish(s, doc, rows, events_of, rank_mtbf)
+    return code
+
+
+def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
+    """Young/Daly, the what-if, the picture, report.json and the table, from whatever finished."""
+    ref = doc.get("fault_free")
+    lines = report.table(rows) if rows else []
+    if ref is not None and len(rows) > 1:
+        lines += ["", f"checkpoint interval: measured best beside Young/Daly (MTBF {s.mtbf:.0f} s):"]
+        lines += report.young_daly(rows, s.mtbf, ref)
+        doc["what_if"] = what_if(rows, ref, rank_mtbf, events_of.get(ref["dir"], []))
+        lines += ["", f"what-if at scale (no MPI; per-rank MTBF {args_time(rank_mtbf)}, first-order model from the "
+                      "costs above): expected goodput and periodic interval"]
+        lines += report.scale_lines(doc["what_if"]["rows"], args_time(rank_mtbf))
+        steps = {r["final_state"].get("global_step") for r in rows[1:]}
+        ref["pruned_checkpoints"] = runner.prune_reference(ref, steps)
+    png = report.timeline(s.out, rows, events_of) if rows else None
+    doc["timeline"] = str(png) if png else None
+    doc["table"] = lines
+    path = report.write_json(s.out, doc)
+    print("\n".join(lines))
+    print(f"wrote {shown(path)}" + (f" and {shown(png)}" if png else "" if not rows else
+                             " (no timeline.png: matplotlib is not installed, pip install dsim[plot])"))
+
+
+def shown(path) -> str:
+    """A path as the user gave it: relative to the working directory when under it."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def args_time(seconds: float) -> str:
+    for unit, n in (("y", 365 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{seconds / n:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    from .. import guard
+    guard.run(main)  # a bug is one line (its traceback in REPORT_DIR/logs); every job was stopped on the way out

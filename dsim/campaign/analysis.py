@@ -1,0 +1,170 @@
+"""A combination's figures, read from what its jobs left: metrics.jsonl (written by the jobs themselves),
+the fault plan's markers (which failures fired) and the checkpoints.
+
+Per failure (a `fault` event of the plan, written by the victim as it strikes inside step N):
+- how it was met: `heal` / `uce_repair` naming the rank, or the `recovered` event of the next finished
+  step (in the job; when rank 0 itself is replaced, the repair's own event does not reach metrics.jsonl), or
+  a restart (the `train_begin` of the next job); a failure is *seen* when one of them, or a
+  `last_gasp_saved` / `last_gasp_lost` naming the rank, follows it;
+- resumed from: the step the repair or the restart went on from (the event's global step);
+- steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0; beside it
+  what the scheme promises: 0 in the job, else back to the newest checkpoint (the last multiple of the
+  interval, or a last gasp since);
+- recovery: from the failure to the next finished step (the resumed-from step + 1); *recovered* when that
+  step finished before the budget ran out.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+IN_JOB = ("heal", "uce_repair")
+
+
+def read_events(path) -> list[dict]:
+    """metrics.jsonl as a list of dicts in file order (unparsable lines skipped)."""
+    out = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and "event" in e and "time" in e:
+            out.append(e)
+    return out
+
+
+def percentile(values, q: float):
+    """The q-th percentile (0-100) by linear interpolation; None for no values."""
+    v = sorted(values)
+    if not v:
+        return None
+    x = (len(v) - 1) * q / 100
+    lo, hi = math.floor(x), math.ceil(x)
+    return v[lo] + (v[hi] - v[lo]) * (x - lo)
+
+
+def failures(events: list, end: float, save_every: int, restarts=()) -> list[dict]:
+    """One record per fault of the plan before `end` (see the module docstring); `restarts`: when each job
+    after the first was started (a newcomer that takes a dead rank's place in the job also logs a
+    `train_begin`, so only those after a restart count as one)."""
+    faults = [e for e in events if e["event"] == "fault" and e.get("plan_index") is not None and e["time"] <= end]
+    out = []
+    for f in faults:
+        restart = min((t for t in restarts if t >= f["time"]), default=math.inf)
+        after = [e for e in events if e["time"] >= f["time"] and e["time"] <= end]
+        meet, noticed = None, False
+        for e in after:
+            if (e["event"] in IN_JOB and e["time"] < restart
+                    and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or [])):
+                meet = ("in the job", e["global_step"], e)
+                break
+            if e["event"] == "recovered" and e["time"] < restart:  # the repair's own event may be missing
+                meet = ("in the job", e["global_step"] - 1, e)     # (see below): the step after it finished
+                break
+            if e["event"] == "train_begin" and e["time"] >= restart:
+                meet = ("restart", e["global_step"], e)
+                break
+            if e["event"] in ("last_gasp_saved", "last_gasp_lost") and f["rank"] in e.get("failed", []):
+                noticed = True  # the survivors saw it; the restart that follows says where training went on
+        before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
+        rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "kind": f["kind"], "at": f.get("at"),
+               "step": f["global_step"], "seen": meet is not None or noticed, "how": meet[0] if meet else None,
+               "resumed_from": meet[1] if meet else None, "steps_lost": None, "predicted_lost": None,
+               "recovery_s": None, "recovered": False}
+        if meet is not None:
+            rec["steps_lost"] = max(0, before - meet[1])
+            # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
+            # committed checkpoint: the last multiple of the interval, or a last gasp saved since
+            gasps = [e["global_step"] for e in events if e["event"] == "last_gasp_saved"
+                     and e["time"] < meet[2]["time"] and e["global_step"] <= f["global_step"]]
+            newest = max([before - before % save_every, *gasps])
+            rec["predicted_lost"] = 0 if meet[0] == "in the job" else max(0, before - newest)
+            done = next((e for e in events if e["event"] == "step" and e["time"] > meet[2]["time"] - 1e-9
+                         and e["global_step"] == meet[1] + 1 and e["time"] <= end), None)
+            if done is not None:
+                rec["recovered"], rec["recovery_s"] = True, round(done["time"] - f["time"], 3)
+        out.append(rec)
+    return out
+
+
+def step_times(events: list, end: float) -> list[tuple]:
+    """(global_step, seconds) of every step that directly followed the previous one in the same run."""
+    out, prev = [], None
+    for e in events:
+        if e["time"] > end:
+            break
+        if e["event"] == "step":
+            if prev is not None and e["global_step"] == prev["global_step"] + 1:
+                out.append((e["global_step"], e["time"] - prev["time"]))
+            prev = e
+        else:
+            prev = None  # a fault, a repair or a new run in between: not an ordinary step
+    return out
+
+
+def checkpoint_cost(events: list, end: float, save_every: int) -> dict:
+    """Ordinary step time, and what a save adds to its step (median), from the step events."""
+    times = step_times(events, end)
+    plain = [s for g, s in times if g % save_every]
+    saving = [s for g, s in times if g % save_every == 0]
+    step = statistics.median(plain) if plain else None
+    save = max(0.0, statistics.median(saving) - step) if saving and step is not None else None
+    rate = len(plain) / sum(plain) if plain else None  # steps per second of the steps without a save
+    return {"step_s": step, "save_s": save, "saves": len(saving), "rate": rate}
+
+
+def progress(events: list, end: float) -> int:
+    """The global step training had reached when the budget ran out (the last step event before `end`)."""
+    steps = [e["global_step"] for e in events if e["event"] == "step" and e["time"] <= end]
+    return steps[-1] if steps else 0
+
+
+def losses_equal(events: list, end: float, reference: dict) -> dict:
+    """Every loss logged before `end` against the fault-free run's at the same global step, bit for bit."""
+    compared = differ = beyond = 0
+    first = None
+    for e in events:
+        if e["event"] != "step" or e["time"] > end:
+            continue
+        ref = reference.get(e["global_step"])
+        if ref is None:
+            beyond += 1
+        elif ref == e["loss"]:
+            compared += 1
+        else:
+            compared += 1
+            differ += 1
+            first = first if first is not None else e["global_step"]
+    return {"compared": compared, "differ": differ, "first_difference": first, "beyond_reference": beyond}
+
+
+def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate) -> dict:
+    """The combination's row: goodput, failures, losses, recovery times, checkpoint overhead."""
+    cost = checkpoint_cost(events, end, save_every)
+    steps = progress(events, end)
+    seconds = end - start
+    seen = [r for r in recs if r["seen"]]
+    lost = [r["steps_lost"] for r in seen if r["steps_lost"] is not None]
+    rec_s = [r["recovery_s"] for r in recs if r["recovered"]]
+    saves = sum(1 for e in events if e["event"] == "step" and e["time"] <= end and e["global_step"] % save_every == 0)
+    return {
+        "steps": steps, "seconds": round(seconds, 3),
+        "goodput": round(steps / seconds, 3),
+        "goodput_fraction": round(steps / seconds / fault_free_rate, 4) if fault_free_rate else None,
+        "failures_injected": len(recs), "failures_seen": len(seen),
+        "survived": sum(r["recovered"] for r in recs), "unrecovered": len(recs) - sum(r["recovered"] for r in recs),
+        "steps_lost": lost, "steps_lost_per_failure": round(statistics.mean(lost), 2) if lost else None,
+        "steps_lost_predicted": [r["predicted_lost"] for r in seen if r["predicted_lost"] is not None],
+        "recovery_median_s": percentile(rec_s, 50), "recovery_p90_s": percentile(rec_s, 90),
+        "step_s": cost["step_s"], "save_s": cost["save_s"],
+        "checkpoint_overhead": (round(saves * cost["save_s"] / seconds, 4)
+                                if cost["save_s"] is not None else None),
+        "restarts": sum(r["how"] == "restart" for r in recs),
+    }

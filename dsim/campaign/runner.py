@@ -1,0 +1,236 @@
+"""Running a campaign: each combination (strategy x checkpoint interval) until its wall-clock budget is spent,
+restarting its jobs through the launch scripts as its strategy says; then the fault-free reference run.
+
+The fault-free run comes last: it must get as far as the furthest combination, for the comparisons.
+A combination's jobs share one output directory (metrics.jsonl accumulates over restarts, as a user's
+would) and one fault plan (dsim.faults, fault.kind: plan): each planned failure strikes once, at its time,
+in whichever job is then running; when the job ends before the budget is spent (a failure it does not
+heal, or one it could not), the next is started at once with `launch/run_parallel_recover_ckpt.sh
+--repair` (the newest usable committed checkpoint, periodic or last gasp), or from scratch when there is
+none yet. At the end of the budget the running job is stopped.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..checkpoint import load_checkpoint
+from ..checkpoint.catalog import find_checkpoint_dirs, scan
+from ..faults import PLAN_ENV
+from . import analysis, failures as failure_process
+from .jobs import ROOT, Job
+from .strategies import Strategy
+
+SAVE = "run_parallel_save_ckpt.sh"
+RECOVER = "run_parallel_recover_ckpt.sh"
+GRACE = 30.0  # a job's timeout: the combination's remaining budget and this
+
+
+class CampaignError(Exception):
+    """A campaign that cannot go on (the fault-free run failed, a job refused its config, ...)."""
+
+
+@dataclass
+class Settings:
+    out: Path
+    config: Optional[str]
+    overrides: list
+    mtbf: float
+    duration: float
+    kinds: list
+    strategies: list
+    intervals: list
+    seed: int
+    ranks: int = 8
+    max_spares: int = 2
+    tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
+
+    @property
+    def config_file(self) -> Path:
+        return Path(self.config).resolve() if self.config else ROOT / "configs" / "default.yaml"
+
+
+def job_args(s: Settings, save_every: int, extra=(), keep: int = 5) -> list:
+    """The launch script's arguments: config, checkpoint directory, the user's settings, then the campaign's."""
+    args = [s.config_file, "run/checkpoints"]
+    for item in [*s.overrides, "output.dir=run", "output.progress_bar=false", "output.loss_every=100",
+                 "train.epochs=100000", f"checkpoint.save_checkpoint_steps={save_every}",
+                 "checkpoint.save_checkpoint_epochs=null", f"checkpoint.keep_checkpoint_max={keep}", *extra]:
+        args += ["--set", item]
+    return args
+
+
+def newest_committed(root) -> Optional[object]:
+    """The committed checkpoint with the highest global step in any checkpoint directory under root."""
+    best = None
+    for d in find_checkpoint_dirs(root) if Path(root).exists() else []:
+        for c in scan(d).committed:
+            if c.global_step is not None and (best is None or c.global_step > best.global_step):
+                best = c
+    return best
+
+
+def damage(path) -> None:
+    """Flip one byte in the middle of the file's first tensor's data, as a bad disk block would."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        ds = f["params"][sorted(f["params"])[0]]
+        offset = ds.id.get_offset() + ds.nbytes // 2
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def run_reference(s: Settings, save_every: int, target: int = 0, say: Callable = print) -> dict:
+    """The fault-free run: the same job with no failure, a save every `save_every` steps, all kept. Its row
+    counts the steps of the first --duration seconds; it then goes on until it has passed step `target`
+    (the furthest any combination got), so every loss and final checkpoint has its fault-free counterpart
+    (at most 3 x --duration more)."""
+    d = s.out / "fault-free"
+    d.mkdir(parents=True)
+    say(f"campaign: fault-free run ({s.duration:.0f} s, then on to step {target}; a checkpoint every {save_every} "
+        "steps, all kept)")
+    start = time.time()
+    end, limit = start + s.duration, start + 4 * s.duration
+    metrics = d / "run" / "metrics.jsonl"
+    job = Job(SAVE, job_args(s, save_every, keep=1_000_000), d, d / "jobs.log", {}, f"{s.tag}-ref",
+              limit - start + GRACE)
+    try:
+        reached, checked = 0, 0.0
+        while job.poll() is None and time.time() < limit and (time.time() < end or reached <= target):
+            time.sleep(0.2)
+            if time.time() > max(end, checked + 2):  # past the budget: read how far it got now and then
+                checked = time.time()
+                reached = analysis.progress(analysis.read_events(metrics), checked)
+        if job.code is not None:
+            raise CampaignError(f"the fault-free run ended early (exit {job.code}): see {d / 'jobs.log'}")
+    finally:
+        job.stop()
+    events = analysis.read_events(metrics)
+    cost = analysis.checkpoint_cost(events, end, save_every)
+    if not cost["rate"]:
+        raise CampaignError(f"the fault-free run finished no step in {s.duration:.0f} s: see {d / 'jobs.log'}")
+    steps = analysis.progress(events, end)
+    row = {"strategy": "fault-free", "save_every": save_every, "steps": steps, "seconds": round(end - start, 3),
+           "goodput": round(steps / (end - start), 3), "goodput_fraction": round(steps / (end - start) / cost["rate"], 4),
+           "fault_free_rate": round(cost["rate"], 3), "step_s": cost["step_s"], "save_s": cost["save_s"],
+           "checkpoint_overhead": round(steps // save_every * (cost["save_s"] or 0) / (end - start), 4),
+           "reached": analysis.progress(events, time.time()), "start": start, "end": end, "dir": str(d)}
+    say(f"campaign: fault-free: {steps} steps in {s.duration:.0f} s ({cost['rate']:.1f} steps/s without saves); "
+        f"stopped at step {row['reached']}")
+    return row
+
+
+def reference_losses(ref: dict) -> dict:
+    """Every loss the fault-free run logged, by global step (also past its budget)."""
+    events = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
+    return {e["global_step"]: e["loss"] for e in events if e["event"] == "step"}
+
+
+def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list, say: Callable = print) -> dict:
+    """One strategy at one interval until its budget is spent; returns its row (analysis.summarize + more)."""
+    name = f"{strategy.name}-every{save_every}"
+    d = s.out / name
+    d.mkdir(parents=True)
+    extra = ["fault.kind=plan", *strategy.settings]
+    if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
+        extra.append(f"tft.spares={min(s.max_spares, sum(f.kind != 'uce' for f in plan))}")
+    start = time.time()
+    end = start + s.duration
+    path = failure_process.write_plan(d / "plan.json", plan, start)
+    say(f"campaign: {name}: {strategy.summary}; {len(plan)} failure(s) planned in {s.duration:.0f} s")
+    jobs, damaged, job = [], {}, None
+    try:
+        while time.time() < end:
+            if job is None:
+                resume = newest_committed(d / "run" / "checkpoints") is not None
+                args = job_args(s, save_every, extra) + (["--repair"] if resume else [])
+                job = Job(RECOVER if resume else SAVE, args, d, d / "jobs.log", {PLAN_ENV: str(path)},
+                          f"{s.tag}-{name}-{len(jobs)}", end - time.time() + GRACE)
+                jobs.append({"started": job.started, "resume": resume})
+            code = job.poll()
+            _damage_fired(path, d, damaged)  # before any restart: the victim's disk fails with it
+            if code is not None:
+                jobs[-1].update(ended=job.ended, code=code)
+                job = None
+                if code == 2:
+                    raise CampaignError(f"{name}: a job refused its input (exit 2): see {d / 'jobs.log'}")
+                continue
+            time.sleep(0.2)
+    finally:
+        if job is not None:
+            job.stop()
+            jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget was spent
+    events = analysis.read_events(d / "run" / "metrics.jsonl")
+    recs = analysis.failures(events, end, save_every, [j["started"] for j in jobs[1:]])
+    fired = [f for f in failure_process.fired(path) if f.get("time", 0) <= end]
+    for r in recs:
+        r["damaged_file"] = damaged.get(r["index"])
+    return {"strategy": strategy.name, "save_every": save_every, "exact_required": strategy.exact,
+            "start": start, "end": end, "dir": str(d), "jobs": jobs, "fired": len(fired),
+            "failures": recs, "events": events}
+
+
+def _damage_fired(plan, d: Path, done: dict) -> None:
+    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint."""
+    for f in failure_process.fired(plan):
+        if f.get("kind") == "corrupt" and f["index"] not in done:
+            c = newest_committed(d / "run" / "checkpoints")
+            shard = next((x for x in c.shards if x.rank == f["rank"] and x.size), None) if c else None
+            if shard is not None:
+                damage(shard.path)
+            done[f["index"]] = str(shard.path) if shard is not None else None
+
+
+def final_state(row: dict, ref: dict) -> dict:
+    """The combination's newest committed periodic checkpoint against the fault-free run's at the same step,
+    every rank's parameters and optimizer state bit for bit."""
+    mine = newest_committed_periodic(Path(row["dir"]) / "run" / "checkpoints")
+    if mine is None:
+        return {"equal": None, "why": "no periodic checkpoint was committed"}
+    theirs = next((c for c in scan(Path(ref["dir"]) / "run" / "checkpoints").committed
+                   if c.global_step == mine.global_step), None)
+    out = {"checkpoint": mine.name, "global_step": mine.global_step}
+    if theirs is None:
+        return {**out, "equal": None, "why": f"the fault-free run has no checkpoint at step {mine.global_step}"}
+    differ = []
+    ref_files = {x.rank: x.path for x in theirs.shards}
+    for shard in mine.shards:
+        a, b = load_checkpoint(shard.path), load_checkpoint(ref_files[shard.rank])
+        if set(a.slices) != set(b.slices):
+            differ.append(f"rank {shard.rank}: other tensors")
+        differ += [f"rank {shard.rank}: {k}" for k in a.slices if k in b.slices and not np.array_equal(a[k], b[k])]
+    return {**out, "equal": not differ, "tensors": sum(len(load_checkpoint(x.path).slices) for x in mine.shards[:1]),
+            "differ": differ[:10]}
+
+
+def newest_committed_periodic(directory: Path):
+    committed = scan(directory).committed if directory.exists() else []
+    return max(committed, key=lambda c: c.global_step, default=None)
+
+
+def prune_reference(ref: dict, keep_steps: set) -> int:
+    """Remove the fault-free run's checkpoints no combination is compared with; returns how many."""
+    n = 0
+    directory = Path(ref["dir"]) / "run" / "checkpoints"
+    for c in scan(directory).committed:
+        if c.global_step in keep_steps:
+            continue
+        for suffix in (".commit", ".digests"):  # the record first: never a committed checkpoint without files
+            (directory / f"{c.name}{suffix}").unlink(missing_ok=True)
+        for shard in c.shards:
+            Path(shard.path).unlink(missing_ok=True)
+        n += 1
+    return n
+
+
+def gcd(values) -> int:
+    return math.gcd(*values)

@@ -1,0 +1,59 @@
+"""What-if at scale (no MPI): the expected goodput of each strategy on 1,024 ... 65,536 ranks at a per-rank
+MTBF, from the costs the campaign measured on its small job and the survivability of the layout.
+
+A first-order model (Young/Daly's), per strategy s, with the job's MTBF M = per-rank MTBF / ranks:
+- C: the cost of one periodic save (measured), tau: the interval, in seconds of work;
+- D_s: the downtime of one failure (measured: median time from a failure to the next finished step);
+- p_s: the chance a failure falls back to the periodic checkpoint. For periodic, always (p = 1). For the
+  last gasp and the in-job repair, when every other holder of the victim's slices also fails within D_s
+  (their in-memory copy is then gone too): p = (1 - exp(-D_s / per-rank MTBF))^(h - 1), with h the
+  holders per slice of the layout at that size (dsim.checkpoint.survivability: its smallest fatal set);
+- waste = C / tau + (D_s + p_s (tau / 2 + D_periodic [in-job only])) / M, tau = sqrt(2 C M / p_s) (Young);
+  goodput = 1 - waste, at least 0.
+Step time and per-failure costs are taken as constant with the size (weak scaling); at scale restarts
+grow slower, so the model favours restarts.
+"""
+from __future__ import annotations
+
+import math
+
+from ..checkpoint.survivability import survivability
+from ..parallel.layout import ParallelLayout
+
+RANKS = (1024, 4096, 16384, 65536)
+
+
+def holders(ranks: int, model_parallel: int, per_slice: int) -> int:
+    """Holders per slice of the layout at `ranks` that keeps the measured job's `per_slice` holders
+    (dp = ranks / mp, optimizer shard dp / per_slice), from its minimal fatal sets."""
+    dp = ranks // model_parallel
+    layout = ParallelLayout(dp, model_parallel, max(1, dp // per_slice))
+    return min(len(s) for s in survivability(layout, rows=0).fatal_sets)
+
+
+def expected(ranks: int, rank_mtbf: float, costs: dict, h: int) -> dict:
+    """Expected goodput per strategy at `ranks` ranks; costs: {strategy: {"save_s", "down_s"}} (+ "periodic")."""
+    m = rank_mtbf / ranks
+    out = {}
+    d_restart = costs.get("periodic", {}).get("down_s")
+    for name, c in costs.items():
+        save, down = c["save_s"], c["down_s"]
+        if save is None or down is None:
+            out[name] = None
+            continue
+        p = 1.0 if name == "periodic" else (1 - math.exp(-down / rank_mtbf)) ** (h - 1)
+        tau = math.sqrt(2 * save * m / p) if p > 0 else math.inf
+        extra = (d_restart or 0.0) if name not in ("periodic", "ttp") else 0.0
+        waste = (save / tau if tau != math.inf else 0.0) + (down + p * (min(tau, 1e18) / 2 + extra)) / m
+        out[name] = {"goodput_fraction": max(0.0, 1 - waste), "interval_s": tau, "fallback": p}
+    return out
+
+
+def table(rank_mtbf: float, costs: dict, model_parallel: int, per_slice: int, sizes=RANKS) -> list[dict]:
+    """One row per size: job MTBF, holders per slice, and each strategy's expected figures."""
+    rows = []
+    for n in sizes:
+        h = holders(n, model_parallel, per_slice)
+        rows.append({"ranks": n, "job_mtbf_s": rank_mtbf / n, "holders_per_slice": h,
+                     "strategies": expected(n, rank_mtbf, costs, h)})
+    return rows

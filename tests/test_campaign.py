@@ -1,0 +1,212 @@
+"""Fault campaigns without MPI: the failure process, fault plans firing once, the analysis of a job's
+metrics, the strategy table, the what-if at scale, the report and the command line's bad input."""
+import json
+import math
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dsim.campaign import analysis, failures, report, scale, strategies
+from dsim.campaign.__main__ import main
+from dsim.config import ConfigError, load_config
+from dsim.faults import FaultPlan, fired_marker
+
+
+def test_durations():
+    assert [failures.parse_duration(t) for t in ("30s", "10m", "1.5h", "2d", "1y", "45")] == \
+        [30, 600, 5400, 172800, 365 * 86400, 45]
+    for bad in ("0s", "-3s", "3x", "", "m"):
+        with pytest.raises(ValueError, match="not a duration"):
+            failures.parse_duration(bad)
+
+
+def test_failure_process_is_seeded_and_exponential():
+    a = failures.draw(7, 30.0, 3000.0, ["kill", "uce"], 8)
+    assert a == failures.draw(7, 30.0, 3000.0, ["kill", "uce"], 8)
+    assert a != failures.draw(8, 30.0, 3000.0, ["kill", "uce"], 8)
+    offsets = [f.offset for f in a]
+    assert offsets == sorted(offsets) and offsets[-1] < 3000
+    gaps = np.diff([0.0] + offsets)
+    assert 20 < gaps.mean() < 40  # about 100 gaps of mean 30 s
+    assert {f.kind for f in a} == {"kill", "uce"} and {f.rank for f in a} == set(range(8))
+    assert {f.at for f in a} == {"forward", "allreduce", "update"}
+
+
+def plan_file(tmp_path, entries):
+    return failures.write_plan(tmp_path / "plan.json",
+                               [failures.Failure(*e) for e in entries], start=0.0)
+
+
+FIRE = """
+import sys
+from dsim.faults import FaultPlan
+plan = FaultPlan.load(sys.argv[1], int(sys.argv[2]))
+class Injector: optimizer = None
+plan.strike("update", 5, Injector())    # not this entry's point: nothing
+plan.strike("forward", 5, Injector())   # kills this process
+print("survived")
+"""
+
+
+def test_a_plan_entry_fires_once_across_processes(tmp_path):
+    path = plan_file(tmp_path, [(1.0, 3, "kill", "forward"), (2.0, 5, "kill", "forward")])
+    fire = [sys.executable, "-c", FIRE, str(path), "3"]
+    first = subprocess.run(fire, capture_output=True, text=True, timeout=60)
+    assert first.returncode == -signal.SIGKILL and "killing rank 3 (SIGKILL) during the forward of step 5" in first.stdout
+    marker = json.loads(fired_marker(path, 0).read_text())
+    assert (marker["index"], marker["rank"], marker["global_step"]) == (0, 3, 5)
+    again = subprocess.run(fire, capture_output=True, text=True, timeout=60)  # a restart, or a newcomer as rank 3
+    assert again.returncode == 0 and again.stdout.strip() == "survived"
+    assert [f["index"] for f in failures.fired(path)] == [0]
+    assert [i for i, _ in FaultPlan.load(path, 5).entries] == [1]
+
+
+def test_a_due_entry_waits_for_its_point_and_time(tmp_path):
+    path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(1e11, 0, "kill", "forward")], start=0.0)
+    plan = FaultPlan.load(path, 0)
+    plan.strike("forward", 1, None)  # due in the year 5138: nothing happens
+    assert not fired_marker(path, 0).exists() and len(plan.entries) == 1
+
+
+def test_fault_kind_plan_needs_the_plan_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("DSIM_FAULT_PLAN", raising=False)
+    with pytest.raises(ConfigError, match=r"fault.kind plan needs \$DSIM_FAULT_PLAN"):
+        load_config(None, ["fault.kind=plan"])
+    monkeypatch.setenv("DSIM_FAULT_PLAN", str(plan_file(tmp_path, [])))
+    assert load_config(None, ["fault.kind=plan"]).fault.kind == "plan"
+
+
+def ev(name, t, **f):
+    return {"event": name, "time": float(t), "rank": 0, **f}
+
+
+def steps(first, last, t0, dt=1.0, loss=lambda g: g / 1000):
+    return [ev("step", t0 + (g - first) * dt, global_step=g, loss=loss(g)) for g in range(first, last + 1)]
+
+
+def test_a_restart_from_the_periodic_checkpoint():
+    # steps 1-13 at t=1..13, rank 2 killed inside step 14, a restart from step 10 at t=30
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 13, 1) +
+              [ev("fault", 13.5, rank=2, kind="kill", at="forward", global_step=14, plan_index=0),
+               ev("train_begin", 30, global_step=10)] + steps(11, 20, 31))
+    (rec,) = analysis.failures(events, end=100, save_every=5, restarts=[29])
+    assert rec["seen"] and rec["how"] == "restart" and rec["resumed_from"] == 10
+    assert rec["steps_lost"] == 3 == rec["predicted_lost"]  # steps 11-13
+    assert rec["recovered"] and rec["recovery_s"] == 17.5   # step 11 finished at t=31
+    row = analysis.summarize([rec], events, start=0, end=100, save_every=5, fault_free_rate=1.0)
+    assert (row["steps"], row["restarts"], row["failures_seen"], row["survived"]) == (20, 1, 1, 1)
+    assert analysis.failures(events, end=100, save_every=5)[0]["how"] is None  # no job started after it
+    assert row["goodput"] == 0.2 and row["goodput_fraction"] == 0.2
+    assert analysis.progress(events, end=35) == 15
+
+
+def test_a_last_gasp_loses_nothing_and_an_in_job_repair_restarts_nothing():
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 6, 1) +
+              [ev("fault", 6.5, rank=1, kind="kill", global_step=7, plan_index=0),
+               ev("last_gasp_saved", 7, failed=[1], global_step=6),
+               ev("train_begin", 20, global_step=6)] + steps(7, 9, 21) +
+              [ev("fault", 23.5, rank=4, kind="uce", global_step=10, plan_index=1),
+               ev("uce_repair", 23.6, failed=[], damaged=[4], global_step=9)] + steps(10, 12, 24))
+    gasp, uce = analysis.failures(events, end=100, save_every=50, restarts=[19])
+    assert (gasp["how"], gasp["steps_lost"], gasp["predicted_lost"]) == ("restart", 0, 0)
+    assert (uce["how"], uce["steps_lost"], uce["predicted_lost"], uce["recovery_s"]) == ("in the job", 0, 0, 0.5)
+
+
+def test_a_newcomer_is_not_a_restart():
+    # rank 0 dies; a warm spare takes its place and, as rank 0, logs train_begin before the heal is logged
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 4, 1) +
+              [ev("fault", 4.5, rank=0, kind="kill", global_step=5, plan_index=0),
+               ev("train_begin", 4.7, global_step=4), ev("heal", 4.8, failed=[0], damaged=[], global_step=4)]
+              + steps(5, 8, 5))
+    (rec,) = analysis.failures(events, end=100, save_every=10)
+    assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["recovery_s"]) == ("in the job", 4, 0, 0.5)
+
+
+def test_a_failure_the_budget_left_no_time_for():
+    events = [ev("train_begin", 0, global_step=0)] + steps(1, 5, 1) + [ev("fault", 5.5, rank=0, global_step=6,
+                                                                          kind="kill", plan_index=0)]
+    (rec,) = analysis.failures(events, end=8, save_every=5)
+    assert not rec["seen"] and not rec["recovered"] and rec["steps_lost"] is None
+
+
+def test_checkpoint_cost_and_losses():
+    # ordinary steps of 1 s, a save every 5 steps adds 0.5 s
+    t, events = 0.0, []
+    for g in range(1, 21):
+        t += 1.0 + (0.5 if g % 5 == 0 else 0.0)
+        events.append(ev("step", t, global_step=g, loss=float(g)))
+    cost = analysis.checkpoint_cost(events, end=100, save_every=5)
+    assert cost["step_s"] == 1.0 and cost["save_s"] == pytest.approx(0.5) and cost["rate"] == pytest.approx(1.0)
+    ref = {g: float(g) for g in range(1, 16)}
+    ref[12] = 12.000001
+    assert analysis.losses_equal(events, 100, ref) == {"compared": 15, "differ": 1, "first_difference": 12,
+                                                       "beyond_reference": 5}
+    assert analysis.percentile([1, 2, 3, 4], 50) == 2.5 and analysis.percentile([], 90) is None
+
+
+def test_the_strategy_table():
+    assert [s.name for s in strategies.parse("ttp,periodic,ttp")] == ["ttp", "periodic"]
+    with pytest.raises(ValueError, match="unknown strategy 'restart'"):
+        strategies.parse("restart")
+    assert strategies.unavailable(strategies.STRATEGIES["arf"], None) is None
+    assert strategies.unavailable(strategies.STRATEGIES["elastic"], None) is None   # tft.elastic exists
+    missing = strategies.Strategy("future", "a scheme of a later dsim", ("tft.future=true",), needs="tft.future")
+    assert strategies.unavailable(missing, None).startswith("strategy future needs tft.future, which this dsim "
+                                                            "does not have (config: unknown key 'tft.future')")
+
+
+def test_what_if_at_scale():
+    assert scale.holders(1024, 4, 2) == 2 and scale.holders(1024, 4, 256) == 256
+    costs = {"periodic": {"save_s": 1.0, "down_s": 10.0}, "ttp": {"save_s": 1.0, "down_s": 12.0},
+             "arf": {"save_s": 1.0, "down_s": 0.5}}
+    rows = scale.table(365 * 86400, costs, model_parallel=4, per_slice=2)
+    assert [r["ranks"] for r in rows] == [1024, 4096, 16384, 65536]
+    for r in rows:
+        g = {k: v["goodput_fraction"] for k, v in r["strategies"].items()}
+        assert g["arf"] > g["ttp"] > g["periodic"] > 0
+        assert r["strategies"]["periodic"]["fallback"] == 1.0
+        assert r["strategies"]["periodic"]["interval_s"] == pytest.approx(math.sqrt(2 * 1.0 * r["job_mtbf_s"]))
+    goodput = [r["strategies"]["periodic"]["goodput_fraction"] for r in rows]
+    assert goodput == sorted(goodput, reverse=True)  # more ranks, more failures
+    # one holder per slice (optimizer shard = dp): every failure falls back to the periodic checkpoint
+    alone = scale.expected(1024, 365 * 86400, costs, h=1)
+    assert alone["ttp"]["fallback"] == 1.0 and alone["arf"]["goodput_fraction"] < alone["periodic"]["goodput_fraction"]
+
+
+def test_report_table():
+    rows = [{"strategy": "fault-free", "save_every": 10, "steps": 900, "goodput": 30.0, "goodput_fraction": 0.9},
+            {"strategy": "periodic", "save_every": 10, "steps": 600, "goodput": 20.0, "goodput_fraction": 0.6,
+             "failures_injected": 3, "failures_seen": 3, "survived": 3, "unrecovered": 0,
+             "steps_lost_per_failure": 4.3, "steps_lost_predicted": [4, 5, 4], "recovery_median_s": 7.1,
+             "recovery_p90_s": 9.0, "checkpoint_overhead": 0.12, "exact_required": True,
+             "losses": {"differ": 0}, "final_state": {"equal": True}}]
+    lines = report.table(rows)
+    assert lines[0].split()[:3] == ["strategy", "every", "steps"]
+    assert lines[2].split() == ["periodic", "10", "600", "20.0", "0.60", "3/3", "3", "0", "4.3", "(4.3)",
+                                "7.1/9.0", "12.0%", "yes"]
+    rows[1]["final_state"] = {"equal": False}
+    assert report.table(rows)[2].endswith("NO")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy", "periodic,restart"], "--strategy: unknown strategy 'restart'"),
+    (["--duration", "ten"], "--duration: 'ten' is not a duration"),
+    (["--faults", "kill,meteor"], "--faults: unknown kind 'meteor'"),
+    (["--save-every", "10,x"], "--save-every: '10,x' is not a list"),
+    (["--set", "model.hiden=[4]"], "config: unknown key 'model.hiden'"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    assert main([*argv, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dsim: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_report_dir_in_use_is_refused(tmp_path, capsys):
+    (tmp_path / "report.json").write_text("{}")
+    assert main(["-o", str(tmp_path)]) == 2
+    assert "exists and is not an empty directory" in capsys.readouterr().err
+    assert (tmp_path / "report.json").read_text() == "{}"

@@ -1,0 +1,123 @@
+"""A fault campaign on real jobs (python -m dsim.campaign), its report checked against the jobs' own metrics;
+and Ctrl-C in the middle of one."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import launch_env, run_command
+from dsim.campaign import failures
+
+pytestmark = pytest.mark.e2e
+
+SMALL = ["--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=640"]
+DURATION, MTBF = 45, 15
+
+
+def early_seed():
+    """A seed whose plan has two kills, the first after the job is up and the last early enough for the
+    restart it causes to finish steps before the budget runs out (so every failure can be seen)."""
+    for seed in range(1000):
+        plan = failures.draw(seed, MTBF, DURATION, ["kill"], 8)
+        if len(plan) == 2 and plan[0].offset >= 8 and plan[1].offset - plan[0].offset >= 6 and plan[1].offset <= 20:
+            return seed
+
+
+def metrics(row):
+    lines = (Path(row["dir"]) / "run" / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["time"] <= row["end"]]
+
+
+def left_behind(pid):
+    """Processes still carrying a job id of the campaign with this pid."""
+    needle = f"DSIM_CAMPAIGN_JOB={pid}-".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and any(v.startswith(needle) for v in (d / "environ").read_bytes().split(b"\0")):
+                out.append(int(d.name))
+        except OSError:
+            pass
+    return out
+
+
+def test_campaign_report_matches_the_jobs_metrics(tmp_path):
+    seed = early_seed()
+    out = tmp_path / "report"
+    proc = run_command([sys.executable, "-m", "dsim.campaign", *SMALL, "--mtbf", f"{MTBF}s", "--duration",
+                        f"{DURATION}s", "--faults", "kill", "--strategy", "periodic,ttp", "--save-every", "10",
+                        "--seed", str(seed), "-o", str(out)], tmp_path, timeout=420, check=0)
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["finished"] and [(r["strategy"], r["save_every"]) for r in doc["combinations"]] == \
+        [("periodic", 10), ("ttp", 10)]
+    ref = doc["fault_free"]
+    ref_steps = [e for e in metrics(ref) if e["event"] == "step"]
+    assert ref["steps"] == ref_steps[-1]["global_step"] and not any(e["event"] == "fault" for e in metrics(ref))
+    table = proc.stdout.splitlines()
+    for row in doc["combinations"]:
+        events = metrics(row)
+        steps = [e for e in events if e["event"] == "step"]
+        faults = [e for e in events if e["event"] == "fault"]
+        fired = list((out / f"{row['strategy']}-every10" / "plan.json.fired").iterdir())
+        # steps counted, failures injected (the plan's markers) = failures in the job's metrics = seen
+        assert row["steps"] == steps[-1]["global_step"]
+        assert row["goodput"] == round(row["steps"] / row["seconds"], 3)
+        assert row["goodput_fraction"] == pytest.approx(row["goodput"] / ref["fault_free_rate"], abs=1e-3)
+        assert len(fired) == len(faults) == row["failures_injected"] == row["failures_seen"] == 2
+        assert row["survived"] == 2 and row["unrecovered"] == 0 and row["restarts"] == 2
+        for f, rec in zip(faults, row["failures"]):
+            resumed = next(e for e in events if e["event"] == "train_begin" and e["time"] > f["time"])
+            finished = f["global_step"] - 1  # the fault strikes inside step N
+            # what the scheme promises: back to the last multiple of the interval; or nothing lost (the last
+            # gasp saves step N itself when the survivors had finished its update)
+            want = [finished - finished % 10] if row["strategy"] == "periodic" else [finished, finished + 1]
+            assert resumed["global_step"] in want and resumed["global_step"] == rec["resumed_from"], (f, resumed)
+            assert rec["steps_lost"] == max(0, finished - resumed["global_step"]) == rec["predicted_lost"]
+            assert rec["steps_lost"] == (finished % 10 if row["strategy"] == "periodic" else 0)
+            nxt = next(e for e in steps if e["time"] > resumed["time"] and e["global_step"] == rec["resumed_from"] + 1)
+            assert rec["recovery_s"] == pytest.approx(nxt["time"] - f["time"], abs=1e-3)
+        # bit for bit: every loss against the fault-free run's, and the final checkpoint's tensors
+        assert row["losses"]["differ"] == 0 and row["losses"]["compared"] == len(steps)
+        assert row["final_state"]["equal"] is True and row["final_state"]["global_step"] % 10 == 0
+        line = next(x for x in table if x.startswith(row["strategy"] + " "))
+        assert line.split()[5] == "2/2" and line.endswith("yes")
+    assert any(r["checkpoint_overhead"] for r in doc["combinations"])
+    assert {r["ranks"] for r in doc["what_if"]["rows"]} == {1024, 4096, 16384, 65536}
+    assert any(x.startswith("  periodic: measured best every 10 steps") and "Young/Daly" in x for x in table)
+    pytest.importorskip("matplotlib")
+    assert (out / "timeline.png").stat().st_size > 10_000
+
+
+def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
+    out = tmp_path / "report"
+    p = subprocess.Popen([sys.executable, "-m", "dsim.campaign", *SMALL, "--duration", "8s", "--mtbf", "4s",
+                          "--strategy", "periodic,arf", "--save-every", "10", "-o", str(out)], cwd=tmp_path,
+                         env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        lines = []
+        for line in p.stdout:  # periodic's 8 s, then arf's start
+            lines.append(line)
+            if line.startswith("campaign: arf-every10:"):
+                break
+        time.sleep(4)
+        assert left_behind(p.pid), "the combination's job should be running"
+        os.kill(p.pid, signal.SIGINT)
+        rest, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, "".join(lines) + rest
+    assert "interrupted; every job stopped; the report keeps the 1 combination(s) that finished" in rest
+    assert left_behind(p.pid) == []
+    doc = json.loads((out / "report.json").read_text())
+    assert not doc["finished"] and "fault_free" not in doc
+    (row,) = doc["combinations"]
+    assert row["strategy"] == "periodic" and row["seconds"] >= 8 and row["losses"]["equal"] is None
+    assert row["steps"] == max([e["global_step"] for e in metrics(row) if e["event"] == "step"], default=0)
+    assert any(x.startswith("periodic ") and x.endswith("not checked") for x in doc["table"])

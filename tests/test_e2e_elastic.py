@@ -1,0 +1,62 @@
+"""Elastic continuation in the job (tft.elastic): no replacement for a dead rank, the survivors go on with fewer.
+
+dp4 x mp2 on 8 ranks, float64: rank 3 killed at step 12 -> dp3 x mp2 on 6 ranks (one living rank idle); old rank 5
+killed at step 16 -> dp2 x mp2 on 4. One job, exit 0, every loss within 1e-12 relative of the uninterrupted run
+(the dp reduction order differs), the checkpoints after each shrink saved by the smaller world, and a resume from
+the last one on 4 ranks.
+"""
+import json
+
+import pytest
+
+from conftest import mpirun
+from ftjob import OPTS, error_lines, fault
+
+pytestmark = pytest.mark.e2e
+RUN = ["-m", "dsim.train", *OPTS, "--set", "dtype=float64", "--set", "parallel.model_parallel=2"]
+
+
+def losses(job):
+    lines = map(json.loads, (job / "run" / "metrics.jsonl").read_text().splitlines())
+    return {e["global_step"]: e["loss"] for e in lines if e["event"] == "step"}
+
+
+def test_two_kills_continue_on_six_then_four_ranks(tmp_path):
+    (tmp_path / "ref").mkdir()
+    mpirun(8, RUN, cwd=tmp_path / "ref", check=0)
+    want = losses(tmp_path / "ref")
+    job = tmp_path / "job"
+    job.mkdir()
+    proc = mpirun(8, [*RUN, "--set", "tft.elastic=true", *fault("kill", "[3,5]", "forward", "[12,16]")], cwd=job,
+                  check=0, ft=True)
+    out = proc.stdout
+    assert ("dsim: elastic: rank(s) 3 died; no replacement: going on with 6 of 7 living ranks as dp=3 mp=2 k=1 (was "
+            "dp=4 mp=2 k=1 on 8); rank(s) 7 of the living wait idle; training goes on after step 11") in out, out
+    assert ("dsim: elastic: rank(s) 4 died; no replacement: going on with 4 of 5 living ranks as dp=2 mp=2 k=1 (was "
+            "dp=3 mp=2 k=1 on 6); rank(s) 5 of the living wait idle; training goes on after step 15") in out, out
+    got = losses(job)
+    assert sorted(got) == list(range(1, 21))
+    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    assert worst <= 1e-12, worst
+    ckpt = job / "run" / "checkpoints"
+    records = {r: json.loads((ckpt / f"{r}.commit").read_text()) for r in ("network-2_4", "network-2_10")}
+    assert records["network-2_4"]["world_size"] == 6 and records["network-2_10"]["world_size"] == 4
+    events = [json.loads(x) for x in (job / "run" / "metrics.jsonl").read_text().splitlines()]
+    shrinks = [(e["global_step"], e["world_size"], e["idle"]) for e in events if e["event"] == "elastic"]
+    assert shrinks == [(11, 6, 1), (15, 4, 1)]
+    resumed = mpirun(4, [*RUN, "--set", "train.epochs=3", "--resume", "auto"], cwd=job, check=0)
+    assert "dsim: resumed from run/checkpoints/rank_0/network-2_10.h5 (global step 20: epoch 3 step 0)" in resumed.stdout
+
+
+def test_no_layout_fits_the_living_falls_back_to_the_last_gasp(tmp_path):
+    """pp2 x dp4 with 4 micro-batches: 7 living ranks would be dp3, which cannot cut the batch of 32 into equal
+    micro-batches; the survivors save the last gasp instead."""
+    proc = mpirun(8, ["-m", "dsim.train", *OPTS, "--set", "parallel.model_parallel=1", "--set", "parallel.pipeline_stage=2",
+                      "--set", "parallel.micro_batch_num=4", "--set", "tft.elastic=true", *fault("kill", 2, "forward", 12)],
+                  cwd=tmp_path, timeout=120, ft=True)
+    assert proc.returncode == 1
+    assert ("dsim: warning: no repair in the job: rank(s) 2 died; it cannot go on with fewer ranks: layout: "
+            "micro_batch_num=4 needs data.batch_size=32 divisible by data_parallel=3; falling back to the last-gasp "
+            "checkpoint") in proc.stderr, proc.stderr
+    errors = error_lines(proc)
+    assert len(errors) == 1 and "last-gasp checkpoint ttp-2_1 (global step 11) committed" in errors[0], proc.stderr
