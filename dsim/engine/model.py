@@ -82,9 +82,12 @@ class Model:
         buckets.loss[0] = self.pipeline.run(groups.world, groups.mp, groups.dp, inputs, labels, buckets.flat[:-1],
                                             self.global_batch_size, halfway=lambda: faults.at_point("forward", step))
         buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
+        # the loss to every rank before the update, as without stages: a rank that finishes its update then has
+        # nothing left to wait for in this step (a fault in another rank's update cannot hide the step's loss)
+        loss = self.pipeline.share_loss(groups.world, float(buckets.loss[0]))
         self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
         self.optimizer.sync(groups.shard)
-        return self.pipeline.share_loss(groups.world, float(buckets.loss[0]))
+        return loss
 
     @property
     def buckets(self) -> GradientBuckets:
