@@ -105,14 +105,13 @@ def reshard(src, layout: ParallelLayout, dst: Path, integrated: bool = False, lo
         raise UsageError(f"{dst} already holds a checkpoint named {c.name}: nothing is overwritten")
     t0 = time.perf_counter()
     with Source(c.directory, record) as source:
-        layout_target = layout
-        specs = specs_for(source, layout_target)
+        specs = specs_for(source, layout)
         slots = slots_of(record)
-        plan = save_plan(layout_target, specs, slots)
+        plan = save_plan(layout, specs, slots)
         meta0 = source.meta()
         append = meta0.pop("append_info")
         written = {}
-        ranks = [0] if integrated else list(range(layout_target.world_size))
+        ranks = [0] if integrated else list(range(layout.world_size))
         for r in ranks:
             if integrated:
                 seen, tensors = set(), []
@@ -127,23 +126,23 @@ def reshard(src, layout: ParallelLayout, dst: Path, integrated: bool = False, lo
                 tensors = [_tensor(source, p.kind, p.name, p.global_shape, p.where, p.split, p.opt_sharded)
                            for p in plan.for_rank(r)]
                 path = cm.shard_path(dst, r, c.name)
-            meta = {**meta0, "rank": r, "world_size": layout_target.world_size, "layout": layout_target.to_dict(),
-                    "integrated_save": integrated, "group_info": group_info_attr(layout_target, r)}
+            meta = {**meta0, "rank": r, "world_size": layout.world_size, "layout": layout.to_dict(),
+                    "integrated_save": integrated, "group_info": group_info_attr(layout, r)}
             written[r] = write_file(path, meta, tensors, append)
         bytes_read = source.bytes_read
     prefix = record.get("prefix") or c.name.rsplit("-", 1)[0]
     if not integrated:
-        for r in range(layout_target.world_size):
-            write_group_info(cm.rank_dir(dst, r) / "group_info.json", layout_target, r)
+        for r in range(layout.world_size):
+            write_group_info(cm.rank_dir(dst, r) / "group_info.json", layout, r)
     meta_path = dst / f"{prefix}-graph.meta"
     if not meta_path.exists():
-        cm.write_json_atomic(meta_path, graph_meta(prefix, layout_target, specs, slots))
+        cm.write_json_atomic(meta_path, graph_meta(prefix, layout, specs, slots))
     out = commit_record(c.name, prefix, plan, record["epoch"], record["step_in_epoch"], record["global_step"],
                         max([x["sequence"] for x in cm.committed(dst)], default=0) + 1, integrated, time.time())
     cm.write_commit(dst, out, {r: (w.size, w.digest) for r, w in written.items()})
     total = sum(w.size for w in written.values())
     log(f"resharded {c.directory / c.name} ({layout_of(record).describe()}, {record['world_size']} ranks) into "
-        f"{dst / c.name} ({'integrated' if integrated else layout_target.describe()}, {len(written)} file(s), "
+        f"{dst / c.name} ({'integrated' if integrated else layout.describe()}, {len(written)} file(s), "
         f"{total / 2**20:.1f} MiB; read {bytes_read / 2**20:.1f} MiB) in {time.perf_counter() - t0:.2f} s")
     return out
 

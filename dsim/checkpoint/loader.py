@@ -171,6 +171,14 @@ def restore(run, path) -> ParamDict:
     return load_into(run, param_dict, error)
 
 
+def whole_slices(network, shard_comm) -> None:
+    """Rebuild every optimizer-sharded parameter's whole mp slice from the owned parts (collective over
+    the optimizer-shard group): after its owned parts were loaded, resharded or received."""
+    for p in network.trainable_params():
+        if p.opt_sharded:
+            p.data[...] = allgather_axis0(shard_comm, np.ascontiguousarray(p.owned_data))
+
+
 def load_into(run, param_dict, error=None) -> ParamDict:
     """Put a read checkpoint into a built run (collective; any rank's error, given or found, raises on all).
 
@@ -188,8 +196,6 @@ def load_into(run, param_dict, error=None) -> ParamDict:
     errors = [e for e in groups.world.allgather(error) if e]
     if errors:
         raise CheckpointError(errors[0])
-    for p in run.network.trainable_params():  # rebuild whole mp slices from the owned parts
-        if p.opt_sharded:
-            p.data[...] = allgather_axis0(groups.shard, np.ascontiguousarray(p.owned_data))
+    whole_slices(run.network, groups.shard)
     run.loader.set_init_step(int(param_dict.meta["global_step"]))
     return param_dict

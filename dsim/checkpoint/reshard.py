@@ -27,7 +27,7 @@ from ..parallel.layout import ParallelLayout, Slice
 from . import progression, record as rec
 from .errors import CheckpointError
 from .format import JSON_ATTRS, META_ATTR, _plain, check_meta, content_digest, crc32, datasets_of
-from .loader import file_for
+from .loader import file_for, whole_slices
 
 
 def intersect(a: Slice, b: Slice):
@@ -208,7 +208,6 @@ def load_resharded(run, directory, record: dict) -> dict:
     rank's error raises the same CheckpointError on all. Returns the checkpoint's scalar state (meta).
     """
     from ..engine.state import owned_pieces
-    from ..parallel.groups import allgather_axis0
     groups = run.groups
     error, meta, stats = None, None, (0, {})
     params = {p.name for p in run.network.trainable_params()}
@@ -225,9 +224,7 @@ def load_resharded(run, directory, record: dict) -> dict:
     errors = [e for e, _ in reports if e]
     if errors:
         raise CheckpointError(errors[0])
-    for p in run.network.trainable_params():  # whole mp slices again from the owned parts
-        if p.opt_sharded:
-            p.data[...] = allgather_axis0(groups.shard, np.ascontiguousarray(p.owned_data))
+    whole_slices(run.network, groups.shard)
     run.optimizer.global_step = int(meta["optimizer"]["global_step"])
     run.loader.set_init_step(int(meta["global_step"]))
     passed = {}

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..checkpoint.reshard import intersect
-from ..parallel.groups import allgather_axis0
+from ..checkpoint.loader import whole_slices
 from ..parallel.layout import LayoutError, ParallelLayout, owned_slice
 from . import ulfm
 
@@ -92,9 +92,7 @@ def continue_smaller(run, comm, plan, cfg_of):
                 buf = np.empty(part.extents, dtype=target.dtype)
                 comm.Recv(buf, source=src, tag=TAG + i)
                 target[...] = buf
-        for p in fresh.network.trainable_params():   # whole mp slices again from the owned parts
-            if p.opt_sharded:
-                p.data[...] = allgather_axis0(fresh.groups.shard, np.ascontiguousarray(p.owned_data))
+        whole_slices(fresh.network, fresh.groups.shard)
         fresh.optimizer.received(plan.step)
     MPI.Request.Waitall([s for s, _ in sends])
     return new, fresh
