@@ -53,10 +53,26 @@ def corrupt(optimizer, seed: int) -> list:
     arrays = [(p.name, p.data) for p in optimizer.params] + [(n, a) for n, _, a in optimizer.state_items()]
     hit = arrays[::2]
     for _, arr in hit:
-        arr.view(np.uint8)[...] = rng.integers(0, 256, size=arr.nbytes, dtype=np.uint8).reshape(arr.view(np.uint8).shape)
+        garble(arr, rng)
     if hasattr(optimizer, "invalidate"):
         optimizer.invalidate()
     return [name for name, _ in hit]
+
+
+GARBAGE_BLOCK = 1 << 16  # bytes of random garbage, repeated over a damaged buffer
+
+
+def garble(arr: np.ndarray, rng) -> None:
+    """Overwrite every byte of arr with random garbage, a 64 KiB random block repeated (as fast as a copy:
+    the fault is the hardware's, its simulation must not add seconds to the time a repair is charged with)."""
+    if not arr.flags.c_contiguous:
+        arr.view(np.uint8)[...] = rng.integers(0, 256, size=arr.nbytes, dtype=np.uint8).reshape(arr.view(np.uint8).shape)
+        return
+    flat = arr.reshape(-1).view(np.uint8)
+    block = rng.integers(0, 256, size=min(flat.size, GARBAGE_BLOCK), dtype=np.uint8)
+    whole = flat.size // block.size * block.size
+    flat[:whole].reshape(-1, block.size)[...] = block
+    flat[whole:] = block[:flat.size - whole]
 
 
 _armed = None  # the FaultInjector of this process, consulted at save points

@@ -113,6 +113,24 @@ def test_a_uce_damages_buffers_and_the_rank_offers_nothing_until_it_receives(wra
     assert opt.global_step == 4 and sorted(opt.states()) == [4]
 
 
+def test_after_a_uce_the_copy_before_an_update_reuses_the_old_copy_s_buffers(wrapped):
+    opt = wrapped.optimizer
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+    opt.apply()
+    old = opt.previous
+    corrupt(opt, seed=5)
+    opt.reallocate()
+    opt.received(1)
+    assert sorted(opt.states()) == [1]          # the old copy is not offered ...
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+    received = {n: a.copy() for n, a in opt.owned_arrays()}
+    opt.apply()
+    assert opt.previous is old                  # ... but its buffers hold the next one: no fresh pages
+    assert all(np.array_equal(opt.previous[n].view(np.uint8), received[n].view(np.uint8)) for n in received)
+
+
 @pytest.mark.parametrize("value,ttp,uce,arf", [
     ("{TTP:1}", True, False, False),
     ("{UCE:1 TTP:1}", True, True, False),
@@ -129,3 +147,37 @@ def test_ms_enable_tft(value, ttp, uce, arf):
 def test_ms_enable_tft_rejects_nonsense():
     with pytest.raises(ConfigError, match="MS_ENABLE_TFT"):
         apply_tft_env(TFTConfig(), "{TPP:1}")
+
+
+def test_garble_overwrites_every_byte_of_a_buffer_quickly():
+    from dsim.faults import GARBAGE_BLOCK, garble
+    rng = np.random.default_rng(1)
+    for arr in (np.zeros(3 * GARBAGE_BLOCK // 4 + 7, np.float32), np.zeros((5, 9), np.float64),
+                np.zeros((64, 48), np.float32)[:, :40]):       # one not contiguous
+        garble(arr, rng)
+        zero_bytes = np.count_nonzero(arr.view(np.uint8) == 0) if arr.flags.c_contiguous else \
+            np.count_nonzero(np.ascontiguousarray(arr).view(np.uint8) == 0)
+        assert zero_bytes < 0.02 * arr.nbytes + 2   # random bytes: about 1 in 256 is zero
+
+
+def test_check_revoked_raises_once_the_watched_world_is_revoked():
+    from mpi4py import MPI
+    from dsim.parallel.groups import check_revoked, watch
+
+    class World:
+        revoked = False
+
+        def Is_revoked(self):
+            return self.revoked
+    world = World()
+    try:
+        watch(world)
+        check_revoked()          # not revoked: goes on
+        world.revoked = True
+        with pytest.raises(MPI.Exception) as e:
+            check_revoked()
+        assert e.value.Get_error_class() == MPI.ERR_REVOKED
+        watch(None)
+        check_revoked()          # nothing watched (a run without in-job recovery)
+    finally:
+        watch(None)

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import faults
 from ..parallel.buckets import GradientBuckets
-from ..parallel.groups import Groups
+from ..parallel.groups import Groups, watch
 from .callbacks import RunContext
 
 
@@ -59,6 +59,7 @@ class Model:
         """
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
+        watch(groups.world if self.recovery is not None and self.recovery.watches else None)
         buckets = self.buckets  # before backward: the layers write the gradients into it
         if self.pipeline is not None:
             return self._pipelined_step(inputs, labels, buckets, step)

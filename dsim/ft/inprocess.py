@@ -52,6 +52,7 @@ class InProcessRecovery:
         self.run = run
         self.pending = None  # (time of the fault, what) until the next step finishes
         self.idle = []       # (comm, its ranks left over) of every elastic shrink: released at the end
+        self.watches = ulfm.unavailable_reason() is None  # ranks stop at their next layer once the world is revoked
 
     def handles(self, exc) -> bool:
         """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM."""
@@ -195,9 +196,12 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
     else:
         optimizer.reallocate()
         for i, (_, arr) in enumerate(optimizer.owned_arrays()):
-            buf = np.empty(arr.shape, dtype=arr.dtype)
-            comm.Recv(buf, source=writers[me], tag=TAG + i)
-            arr[...] = buf
+            if arr.flags.c_contiguous:   # straight into the new buffer
+                comm.Recv(arr, source=writers[me], tag=TAG + i)
+            else:
+                buf = np.empty(arr.shape, dtype=arr.dtype)
+                comm.Recv(buf, source=writers[me], tag=TAG + i)
+                arr[...] = buf
         optimizer.received(step)
     MPI.Request.Waitall(requests)
 

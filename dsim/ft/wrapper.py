@@ -22,6 +22,7 @@ class OptTFTWrapper:
         self.__dict__["previous"] = None        # name -> array: owned state after step previous_step
         self.__dict__["previous_step"] = None
         self.__dict__["damaged"] = False        # a memory error (UCE) made every copy untrustworthy
+        self.__dict__["scratch"] = None         # the buffers of a copy thrown away, reused by the next one
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
@@ -38,8 +39,9 @@ class OptTFTWrapper:
 
     def apply(self, halfway=None) -> None:
         """Keep the current owned state, then update (see Optimizer.apply)."""
-        prev = self.previous
-        if prev is None:
+        prev = self.previous if self.previous is not None else self.scratch
+        if prev is None or any(name not in prev or prev[name].shape != arr.shape or prev[name].dtype != arr.dtype
+                               for name, arr in self.owned_arrays()):
             prev = {name: np.empty_like(arr) for name, arr in self.owned_arrays()}
         for name, arr in self.owned_arrays():
             np.copyto(prev[name], arr)
@@ -64,7 +66,14 @@ class OptTFTWrapper:
 
     def invalidate(self) -> None:
         """After an uncorrectable memory error: nothing this rank holds may be offered or saved."""
-        self.__dict__.update(damaged=True, previous=None, previous_step=None)
+        self._discard_copy()
+        self.__dict__.update(damaged=True)
+
+    def _discard_copy(self) -> None:
+        """Forget the copy from before the update; its buffers are kept for the next copy (no fresh pages)."""
+        if self.previous is not None:
+            self.__dict__["scratch"] = self.previous
+        self.__dict__.update(previous=None, previous_step=None)
 
     def reallocate(self) -> None:
         """"Clean" a damaged rank: throw its parameter and optimizer-state buffers away for new ones."""
@@ -73,12 +82,14 @@ class OptTFTWrapper:
         for slot in self.optimizer.state.values():
             for name in slot:
                 slot[name] = np.empty_like(slot[name])
-        self.__dict__.update(damaged=True, previous=None, previous_step=None, phase=NOT_STARTED)  # empty until received
+        self._discard_copy()
+        self.__dict__.update(damaged=True, phase=NOT_STARTED)  # empty until received
 
     def received(self, step: int) -> None:
         """The owned slices now hold `step`'s state, sent by a replica."""
         self.optimizer.global_step = step
-        self.__dict__.update(damaged=False, previous=None, previous_step=None, phase=NOT_STARTED)
+        self._discard_copy()
+        self.__dict__.update(damaged=False, phase=NOT_STARTED)
 
     def restore(self, step: int) -> None:
         """Make the owned slices those of `step` (one of states()); the update of step + 1 is not started."""

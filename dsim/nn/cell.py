@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..parallel.groups import check_revoked
 from ..parallel.layout import LayoutError, ParallelLayout, check_spec, mp_slice
 from .layers import softmax_cross_entropy
 from .parameter import Parameter, initial_value
@@ -33,11 +34,13 @@ class Unit:
 
     def forward(self, x, inputs, mp_comm):
         for layer in self.layers:
+            check_revoked()
             x = layer.forward(x, mp_comm)
         return x
 
     def backward(self, dy, mp_comm, need_dx=True):
         for i in range(len(self.layers) - 1, -1, -1):
+            check_revoked()
             dy = self.layers[i].backward(dy, mp_comm, need_dx=need_dx or i > 0)
         return dy
 
@@ -156,12 +159,14 @@ class Sequential(Cell):
         for i, layer in enumerate(self.layers):
             if halfway is not None and i == len(self.layers) // 2:
                 halfway()
+            check_revoked()
             x = layer.forward(x, mp_comm)
         return x
 
     def backward(self, dout, mp_comm):
         dy = dout
         for i in range(len(self.layers) - 1, -1, -1):
+            check_revoked()
             dy = self.layers[i].backward(dy, mp_comm, need_dx=i > 0)
 
     def pipeline_units(self) -> list:

@@ -45,11 +45,31 @@ def chunk_bounds(n: int, parts: int) -> list[int]:
     return bounds
 
 
+_watched = None  # the world of a fault-tolerant run, during a step (Model.train_step sets it)
+
+
+def watch(world) -> None:
+    """Make check_revoked() consult `world` (None: nothing)."""
+    global _watched
+    _watched = world
+
+
+def check_revoked() -> None:
+    """Raise ERR_REVOKED if the watched world was revoked: a rank computing its part of a step stops at its
+    next layer or collective when another rank failed, instead of going on to its next collective on a
+    communicator the failure does not touch (for instance a model-parallel group without the failed rank),
+    which can be a whole forward and backward later. Local and cheap (MPIX_Comm_is_revoked)."""
+    if _watched is not None and _watched.Is_revoked():
+        from mpi4py import MPI
+        raise MPI.Exception(MPI.ERR_REVOKED)
+
+
 def allreduce_sum(comm, x: np.ndarray, between=None) -> np.ndarray:
     """Sum x over comm, deterministically and bit-identically on every rank.
 
     `between`, if given, is called between the reduce-scatter and the all-gather (a fault point).
     """
+    check_revoked()
     if comm.size == 1:
         return np.array(x, copy=True)
     flat = np.ascontiguousarray(x).reshape(-1)
