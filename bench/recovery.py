@@ -19,15 +19,12 @@ The targets (issue 21) compare the time lost: restart / healing with a spare >= 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import time
 
-from dsim.ft.launcher import StallWatch
+from dsim.ft.launcher import supervise
 
 from .harness import BIN, ROOT, launch_env, row, scratch_dir
 
@@ -65,20 +62,15 @@ def job(args, cwd, timeout, log, processes=8):
         out.flush()
         with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True) as p:
-            watch, start = StallWatch(p.pid), time.time()
-            while True:
-                try:
-                    return p.wait(timeout=1)
-                except subprocess.TimeoutExpired:
-                    if watch.stalled(time.time()):  # every rank ended, mpirun did not (dsim.ft.launcher)
-                        os.killpg(p.pid, signal.SIGKILL)
-                        p.wait()
-                        out.write("(bench: mpirun stalled after every rank had ended; stopped it)\n")
-                        return 1
-                    if time.time() - start > timeout:
-                        os.killpg(p.pid, signal.SIGKILL)
-                        p.wait()
-                        raise RuntimeError(f"dsim.train timed out after {timeout} s; log {log}")
+            how = supervise(p, timeout)
+            p.wait()
+    if how == "timeout":
+        raise RuntimeError(f"dsim.train timed out after {timeout} s; log {log}")
+    if how == "stalled":  # every rank ended, mpirun did not (dsim.ft.launcher)
+        with open(log, "a") as out:
+            out.write("(bench: mpirun stalled after every rank had ended; stopped it)\n")
+        return 1
+    return p.returncode
 
 
 def measure(way: str, params: dict, d, log) -> dict:

@@ -181,3 +181,26 @@ def test_check_revoked_raises_once_the_watched_world_is_revoked():
         check_revoked()          # nothing watched (a run without in-job recovery)
     finally:
         watch(None)
+
+
+def test_supervise_tells_an_ended_a_stalled_and_a_timed_out_launcher_apart():
+    import subprocess
+    import sys
+    import time
+    from dsim.ft.launcher import alive, supervise
+
+    def start(code):
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    p = start("pass")
+    assert supervise(p, timeout=30) == "ended" and p.returncode == 0
+    # no child process (no rank) left and the "launcher" stays: a stall, its group killed
+    p = start("import time; time.sleep(60)")
+    t = time.time()
+    assert supervise(p, timeout=30, stall_seconds=0.5) == "stalled" and time.time() - t < 10
+    p.wait()
+    assert not alive(p.pid)
+    # with a "rank" still running, only the timeout ends it
+    p = start("import subprocess, sys; subprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])")
+    t = time.time()
+    assert supervise(p, timeout=2, stall_seconds=0.5) == "timeout" and time.time() - t < 10
+    p.wait()

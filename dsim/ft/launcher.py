@@ -5,6 +5,10 @@ scripts do the same in bash) stops it then, instead of waiting forever.
 """
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 STALL_SECONDS = 15  # no rank left for this long, and mpirun still there: stalled
@@ -49,3 +53,28 @@ class StallWatch:
         elif self.idle_since is None:
             self.idle_since = now
         return self.idle_since is not None and now - self.idle_since > self.seconds
+
+
+def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_seconds: float = STALL_SECONDS) -> str:
+    """Wait for proc, started with start_new_session=True (mpirun, or a launch script that runs it), to end.
+
+    Returns "ended"; or, with its whole process group (mpirun and every rank) SIGKILLed, "stalled" when every
+    rank had ended and mpirun stayed (stalls=True), "timeout" past `timeout` seconds. wait() waits a
+    second at most and raises subprocess.TimeoutExpired when proc has not ended (by default proc.wait;
+    proc.communicate to collect pipes); the caller reaps proc after a kill.
+    """
+    wait = wait or (lambda: proc.wait(timeout=1))
+    watch, start = StallWatch(proc.pid, stall_seconds) if stalls else None, time.time()
+    while True:
+        try:
+            wait()
+            return "ended"
+        except subprocess.TimeoutExpired:
+            now = time.time()
+            why = "stalled" if watch is not None and watch.stalled(now) else "timeout" if now - start > timeout else None
+            if why is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                return why
