@@ -83,8 +83,8 @@ class MultiHeadAttention(Layer):
         # Computed, it is rounding noise, which Adam would normalise into steps: keep it exact.
         self.k.params[1].grad[...] = 0
         if self._self:
-            return allreduce_sum(mp_comm, dx + dmem), None
-        return allreduce_sum(mp_comm, dx), allreduce_sum(mp_comm, dmem)
+            return allreduce_sum(mp_comm, dx + dmem, inplace=True), None
+        return allreduce_sum(mp_comm, dx, inplace=True), allreduce_sum(mp_comm, dmem, inplace=True)
 
     def __repr__(self):
         return f"MultiHeadAttention({self.name}, d_model={self.d_model}, heads={self.num_heads})"

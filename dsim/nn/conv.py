@@ -54,7 +54,7 @@ class Conv2d(Layer):
             for j in range(k):
                 dx[:, :, i:i + ho, j:j + wo] += dcols[:, :, :, :, i, j].transpose(0, 3, 1, 2)
         if self.split == "column":
-            dx = allreduce_sum(mp_comm, dx)
+            dx = allreduce_sum(mp_comm, dx, inplace=True)
         return dx
 
     def __repr__(self):

@@ -37,7 +37,7 @@ class Embedding(Layer):
         local = np.where(mask, local, 0)
         self._ids, self._mask = local, mask
         out = table[local] * mask[..., None].astype(table.dtype)
-        return allreduce_sum(mp_comm, out)
+        return allreduce_sum(mp_comm, out, inplace=True)
 
     def backward(self, dy, mp_comm=None, need_dx=False):
         p = self.params[0]

@@ -82,7 +82,7 @@ class Dense(Layer):
         self._x = x
         y = x @ self._weight()
         if self.split == "row":
-            y = allreduce_sum(mp_comm, y)
+            y = allreduce_sum(mp_comm, y, inplace=True)
         if self.has_bias:
             y = y + self.params[1].data
         return y
@@ -103,7 +103,7 @@ class Dense(Layer):
             return None
         dx = dy @ self._weight().T
         if self.split == "column" and self.reduce_dx:
-            dx = allreduce_sum(mp_comm, dx)
+            dx = allreduce_sum(mp_comm, dx, inplace=True)
         return dx
 
     def __repr__(self):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .groups import _mpi_type, chunk_bounds
+from .groups import sum_chunks
 
 BUCKET_BYTES = 32 << 20   # as DDP's bucket_cap_mb (25 MB by default): large enough to keep MPI at full speed
 
@@ -50,25 +50,12 @@ class GradientBuckets:
             self._reduce(comm, self.flat[start:min(n, start + self.bucket_elems)], between if start == 0 else None)
 
     def _reduce(self, comm, flat, between):
-        from mpi4py import MPI
-        p, me = comm.size, comm.rank
-        bounds = chunk_bounds(flat.size, p)
-        counts, displs = [bounds[i + 1] - bounds[i] for i in range(p)], bounds[:-1]
-        mine = counts[me]
-        recv = self._recv_buffer(p, mine)
-        mpi_type = _mpi_type(flat)
-        comm.Alltoallv([flat, counts, displs, mpi_type], [recv, [mine] * p, [mine * i for i in range(p)], mpi_type])
-        acc = flat[bounds[me]:bounds[me + 1]]   # this rank's chunk, summed in group order into its own place
-        np.add(recv[0], recv[1], out=acc)
-        for i in range(2, p):
-            acc += recv[i]
-        if between is not None:
-            between()
-        comm.Allgatherv(MPI.IN_PLACE, [flat, counts, displs, mpi_type])
+        sum_chunks(comm, flat, flat, lambda n: self._recv_buffer(comm.size, n), between)
 
-    def _recv_buffer(self, p: int, mine: int) -> np.ndarray:
+    def _recv_buffer(self, p: int, n: int) -> np.ndarray:
+        """A buffer of n elements for a group of p, made once: as large as the largest bucket needs."""
         buf = self._recv.get(p)
-        if buf is None or buf.size < p * mine:
+        if buf is None or buf.size < n:
             chunk = -(-min(self.bucket_elems, self.flat.size) // p)   # the largest chunk any bucket gives
-            buf = self._recv[p] = np.empty(p * max(chunk, mine), dtype=self.dtype)
-        return buf[:p * mine].reshape(p, mine)
+            buf = self._recv[p] = np.empty(max(p * chunk, n), dtype=self.dtype)
+        return buf[:n]

@@ -64,32 +64,55 @@ def check_revoked() -> None:
         raise MPI.Exception(MPI.ERR_REVOKED)
 
 
-def allreduce_sum(comm, x: np.ndarray, between=None) -> np.ndarray:
+def allreduce_sum(comm, x: np.ndarray, between=None, inplace: bool = False) -> np.ndarray:
     """Sum x over comm, deterministically and bit-identically on every rank.
 
     `between`, if given, is called between the reduce-scatter and the all-gather (a fault point).
+    inplace: x is the caller's temporary (a product just computed): the sum goes into it when it is
+    C-contiguous, so nothing is allocated.
     """
     check_revoked()
     if comm.size == 1:
-        return np.array(x, copy=True)
+        return x if inplace else np.array(x, copy=True)
     flat = np.ascontiguousarray(x).reshape(-1)
-    n, p, me = flat.size, comm.size, comm.rank
-    bounds = chunk_bounds(n, p)
-    counts = [bounds[i + 1] - bounds[i] for i in range(p)]
-    mine = counts[me]
-    recv = _receive_buffer(flat.dtype, p * mine).reshape(p, mine)
-    comm.Alltoallv([flat, counts, bounds[:-1], _mpi_type(flat)],
-                   [recv, [mine] * p, [mine * i for i in range(p)], _mpi_type(flat)])
-    out = np.empty_like(flat)
-    acc = out[bounds[me]:bounds[me + 1]]  # this rank's chunk, summed in group order in its place
+    out = flat if inplace else np.empty_like(flat)
+    sum_chunks(comm, flat, out, lambda n: _receive_buffer(flat.dtype, n), between)
+    return out.reshape(np.shape(x))
+
+
+def sum_chunks(comm, src: np.ndarray, out: np.ndarray, receive, between=None) -> None:
+    """out (flat, may be src itself) = the sum of the flat src over comm, each element summed in group order.
+
+    Each rank receives every rank's contribution to one chunk (an all-to-all, i.e. a reduce-scatter), sums
+    it in group order into its place in out, and the chunks are then all-gathered. Whichever rank sums a
+    chunk, an element's sum is the same, so the chunking does not change a bit. With equal chunks (the
+    size a multiple of the group's) the plain all-to-all and all-gather are used: Open MPI's v-variants
+    are slower on small buffers. receive(n) gives a reusable buffer of n elements of src's dtype.
+    """
+    from mpi4py import MPI
+    p, me, n, mpi_type = comm.size, comm.rank, src.size, _mpi_type(src)
+    equal = n % p == 0
+    if equal:
+        mine = n // p
+        lo, hi = me * mine, (me + 1) * mine
+        recv = receive(n).reshape(p, mine)
+        comm.Alltoall([src, mpi_type], [recv, mpi_type])
+    else:
+        bounds = chunk_bounds(n, p)
+        counts, displs = [bounds[i + 1] - bounds[i] for i in range(p)], bounds[:-1]
+        mine, lo, hi = counts[me], bounds[me], bounds[me + 1]
+        recv = receive(p * mine).reshape(p, mine)
+        comm.Alltoallv([src, counts, displs, mpi_type], [recv, [mine] * p, [mine * i for i in range(p)], mpi_type])
+    acc = out[lo:hi]   # this rank's chunk, summed in group order in its place
     np.add(recv[0], recv[1], out=acc)
     for i in range(2, p):
         acc += recv[i]
     if between is not None:
         between()
-    from mpi4py import MPI
-    comm.Allgatherv(MPI.IN_PLACE, [out, counts, bounds[:-1], _mpi_type(flat)])
-    return out.reshape(np.shape(x))
+    if equal:
+        comm.Allgather(MPI.IN_PLACE, [out, mpi_type])
+    else:
+        comm.Allgatherv(MPI.IN_PLACE, [out, counts, displs, mpi_type])
 
 
 _RECEIVE = {}  # dtype -> a receive buffer reused by every allreduce_sum (grown as needed)
