@@ -375,7 +375,6 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     try:
         with f:
             fd = os.open(path, os.O_RDONLY)
-            tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)  # the disk reads on while the metadata is checked
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
             datasets = datasets_of(f)
@@ -386,6 +385,9 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
             offsets = {key: tensor_io.raw_offset(ds) for key, (ds, _) in datasets.items() if key[0] != "append_info"}
             in_file_order = sorted(datasets.items(), key=lambda item: offsets.get(item[0]) or 0)
+            # Only now the disk is asked to read the tensors ahead: asked before, it would queue the whole file
+            # ahead of the metadata reads (each dataset's header lies just before its data)
+            tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)
             for (kind, name), (ds, a) in in_file_order:  # the disk reads sequentially
                 if kind != "append_info":
                     data, crc = _read_tensor(fd, ds, offsets[kind, name], (into or {}).get(name), verify)
