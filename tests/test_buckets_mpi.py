@@ -47,3 +47,29 @@ def test_bucketed_allreduce_equals_one_reduction_bit_for_bit(size, bucket_bytes)
         why = f"rank {world.rank}: size={size} bucket_bytes={bucket_bytes}"
     comm.Free()
     agree(world, ok, why)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+@pytest.mark.parametrize("n", [1, 5, 24, 1001, 4096])   # chunks equal (n a multiple of size) or not
+def test_allreduce_sum_is_the_group_order_sum_on_every_rank(size, n):
+    """Independent of dsim's chunking: every element is ((x0 + x1) + x2) + ... in group order, the same bits on
+    every rank, in place or not."""
+    world = MPI.COMM_WORLD
+    comm = world.Split(color=int(world.rank < size), key=world.rank)
+    ok, why = True, ""
+    if world.rank < size:
+        x = np.random.default_rng(7 + comm.rank).standard_normal(n).astype(np.float32) * 10 ** comm.rank
+        every = comm.allgather(x)
+        expect = np.add(every[0], every[1]) if size > 1 else every[0].copy()
+        for other in every[2:]:
+            expect += other
+        got = allreduce_sum(comm, x)
+        inplace = x.copy()
+        same = allreduce_sum(comm, inplace, inplace=True)
+        ok = (got.view(np.uint32) == expect.view(np.uint32)).all() and same is not None and \
+            np.shares_memory(same, inplace) and (same.view(np.uint32) == expect.view(np.uint32)).all() and \
+            (x == every[comm.rank]).all()   # not in place: x untouched
+        why = f"rank {world.rank}: size={size} n={n}"
+    comm.Free()
+    agree(world, ok, why)
