@@ -102,11 +102,13 @@ def measure(way: str, params: dict, d, log) -> dict:
     steps = {e["global_step"]: e["time"] for e in after if e["event"] == "step"}
     ordinary = statistics.median(b["time"] - a["time"] for a, b in zip(before[1:], before[2:]))  # not the first
     previous = before[-1]["time"]  # step KILL - 1 finished
-    repair = next((e.get("repair_ms") for e in after if e["event"] in ("heal", "uce_repair")), None)
+    repaired = next((e for e in after if e["event"] in ("heal", "uce_repair")), None)
     return {"seconds": steps[resumed_from + 1] - killed["time"],      # to the next finished step
             "regained_s": steps[params["kill"]] - killed["time"],     # to the killed step finished after all
             "lost_s": steps[params["kill"]] - previous - ordinary,    # what the fault cost
-            "step_s": ordinary, "repair_ms": repair,
+            "step_s": ordinary, "repair_ms": repaired and repaired.get("repair_ms"),
+            "before_fault_s": killed["time"] - previous,              # the faulted step's work, lost by every way
+            **({"to_repaired_s": repaired["time"] - killed["time"]} if repaired else {}),  # noticed, agreed, repaired
             "steps_lost": params["kill"] - 1 - resumed_from, "resumed_from": resumed_from}
 
 
@@ -148,6 +150,12 @@ def summarize(params: dict, reps: list) -> dict:
     repaired = [w for w in ways if all(r[w].get("repair_ms") for r in reps)]  # the ways that stay in the job
     rows += [row(f"the repair alone (agreement to training going on: `repair took`), {LABELS[w]}",
                  [r[w]["repair_ms"] for r in reps], "ms") for w in repaired]
+    rows += [row(f"of the time lost, the faulted step's work before the fault (lost whatever the way), {LABELS[w]} "
+                 "(diagnostic)", [r[w]["before_fault_s"] * 1000 for r in reps], "ms")
+             for w in repaired if all("before_fault_s" in r[w] for r in reps)]
+    rows += [row(f"of the time lost, from the fault to the repair's end (noticed, agreed, repaired), {LABELS[w]} "
+                 "(diagnostic)", [r[w]["to_repaired_s"] * 1000 for r in reps], "ms")
+             for w in repaired if all("to_repaired_s" in r[w] for r in reps)]
     rows += [row(f"time lost: restart from disk / the repair alone, {LABELS[w]} (diagnostic)",
                  [r["restart"]["lost_s"] * 1000 / r[w]["repair_ms"] for r in reps], "x") for w in repaired
              if "restart" in figure["lost_s"]]
