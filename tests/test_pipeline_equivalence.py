@@ -1,8 +1,8 @@
 """Pipeline parallel trains to the same parameters as the single-process run (run under mpirun -n 8).
 
 Float64, 20 steps, within 1e-10 relative: the MLP on every pipelined layout of 8 ranks, LeNet5 and the
-Transformer on the layouts their layers allow; m micro-batches per step (m = p and 2p; MindSpore requires
-m >= p), both schedules.
+Transformer on those that cut or slice their layers differently; m micro-batches per step (m = p and 2p;
+MindSpore requires m >= p), both schedules (a covering subset of the combinations: see CASES).
 """
 import numpy as np
 import pytest
