@@ -57,6 +57,17 @@ def mpirun(n, args, cwd, timeout=180, check=None, ft=False):
                        launcher=True)
 
 
+def dsim_cli(n, args, cwd, timeout=120, check=None):
+    """`mpirun -n N python -m ...args`, or with n=None the same command without mpirun (one process).
+
+    For bad input that every rank refuses alike before it uses MPI (a config error): the command the user typed
+    after mpirun, checked without starting N ranks. Each such family of errors keeps a case through mpirun.
+    """
+    if n is None:
+        return run_command([sys.executable, *args], cwd, timeout, check)
+    return mpirun(n, args, cwd, timeout=timeout, check=check)
+
+
 def ft_env():
     """The variables launch/ft.sh sets, and its mpirun options as DSIM_FT_MPIRUN_ARGS."""
     out = subprocess.run(["bash", "-c", f". {ROOT}/launch/ft.sh && export DSIM_FT_MPIRUN_ARGS && env -0"],
@@ -157,6 +168,18 @@ def ft_reference(tmp_path_factory):
             cache[layout] = losses, d / "run" / "checkpoints"
         return cache[layout]
     return get
+
+
+@pytest.fixture(scope="session")
+def recovery_reference(tmp_path_factory):
+    """The uninterrupted run of the job tests/test_e2e_recovery.py and tests/test_e2e_integrity.py damage (the same
+    RUN), made once for both: (loss lines, job directory; its checkpoints of steps 7, 14, 21, 28, 30)."""
+    from test_e2e_recovery import LOSS, RUN
+    d = tmp_path_factory.mktemp("recovery-reference")
+    proc = mpirun(8, RUN, cwd=d, check=0)
+    losses = LOSS.findall(proc.stdout)
+    assert len(losses) == 30
+    return losses, d
 
 
 def flip_byte(path, dataset=None):

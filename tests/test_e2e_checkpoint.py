@@ -1,6 +1,7 @@
 """Checkpoints end to end under mpirun -n 8: the seed's fault-at-epoch-6 scenario, kills mid-save, bad files."""
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -32,29 +33,32 @@ def same_final_state(dir_a, name_a, dir_b, name_b):
 
 
 def test_seed_scenario_fault_at_epoch_6_then_resume_is_bit_identical(tmp_path):
+    # the seed's 10 epochs, each cut to 3 steps (the scenario is about epochs; 30 steps, not 100)
+    seed = [*RUN, "--set", "train.steps_per_epoch=3", "--set", "output.loss_every=1"]
     ref_dir, dir_ = tmp_path / "ref", tmp_path / "faulty"
     ref_dir.mkdir(), dir_.mkdir()
-    ref = mpirun(8, RUN, cwd=ref_dir, check=0)
-    crash = mpirun(8, [*RUN, "--set", "fault.kind=exception", "--set", "fault.at=epoch_end", "--set", "fault.epoch=6"],
+    ref = mpirun(8, seed, cwd=ref_dir, check=0)
+    crash = mpirun(8, [*seed, "--set", "fault.kind=exception", "--set", "fault.at=epoch_end", "--set", "fault.epoch=6"],
                    cwd=dir_)
     assert crash.returncode != 0 and "Some errors happen." in crash.stderr
     ckpt = dir_ / "run" / "checkpoints"
     files, shards = listing(ckpt)
-    assert files == sorted(["network-graph.meta"] + [f"network-{e}_10.{x}" for e in (2, 3, 4, 5, 6)
+    assert files == sorted(["network-graph.meta"] + [f"network-{e}_3.{x}" for e in (2, 3, 4, 5, 6)
                                                      for x in ("commit", "digests")])
-    assert shards == ["group_info.json"] + [f"network-{e}_10.h5" for e in (2, 3, 4, 5, 6)]
-    p = load_checkpoint(ckpt / "rank_3" / "network-6_10.h5")  # the seed reads these back
-    assert int(p["epoch_num"]) == 6 and int(p["step_num"]) == 60
+    assert shards == ["group_info.json"] + [f"network-{e}_3.h5" for e in (2, 3, 4, 5, 6)]
+    p = load_checkpoint(ckpt / "rank_3" / "network-6_3.h5")  # the seed reads these back
+    assert int(p["epoch_num"]) == 6 and int(p["step_num"]) == 18
 
-    resumed = mpirun(8, [*RUN, "--resume", "auto"], cwd=dir_, check=0)
-    assert "resumed from run/checkpoints/rank_0/network-6_10.h5 (global step 60: epoch 7 step 0)" in resumed.stdout
+    resumed = mpirun(8, [*seed, "--resume", "auto"], cwd=dir_, check=0)
+    assert "resumed from run/checkpoints/rank_0/network-6_3.h5 (global step 18: epoch 7 step 0)" in resumed.stdout
     files, shards = listing(ckpt)
     assert [f for f in files if f.startswith("network_1-")] == sorted(
-        ["network_1-graph.meta"] + [f"network_1-{e}_10.{x}" for e in (7, 8, 9, 10) for x in ("commit", "digests")])
+        ["network_1-graph.meta"] + [f"network_1-{e}_3.{x}" for e in (7, 8, 9, 10) for x in ("commit", "digests")])
     assert len([f for f in files if f.startswith("network-") and f.endswith(".commit")]) == 5
     # the loss lines after the resume point equal the uninterrupted run's, and so does the final state
-    assert LOSS.findall(resumed.stdout) == LOSS.findall(ref.stdout)[6:]
-    same_final_state(ref_dir / "run" / "checkpoints", "network-10_10", ckpt, "network_1-10_10")
+    ref_losses = LOSS.findall(ref.stdout)
+    assert len(ref_losses) == 30 and LOSS.findall(resumed.stdout) == ref_losses[18:]
+    same_final_state(ref_dir / "run" / "checkpoints", "network-10_3", ckpt, "network_1-10_3")
 
 
 @pytest.mark.parametrize("rank,at", [(3, "save"), (0, "commit")])
@@ -86,12 +90,20 @@ def test_group_info_file_env(tmp_path):
     assert restore_group_info_list(tmp_path / "runs/default/checkpoints/rank_1/group_info.json") == [1, 5]
 
 
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """A finished run of 1 epoch (checkpoint network-1_10), made once; each test below damages a copy."""
+    d = tmp_path_factory.mktemp("one-epoch")
+    mpirun(8, [*RUN, "--set", "train.epochs=1"], cwd=d, check=0)
+    return d
+
+
 @pytest.mark.parametrize("damage,msg", [
     (lambda p: p.write_bytes(p.read_bytes()[:1000]), "truncated or corrupt HDF5 file"),
     (lambda p: p.write_text("not a checkpoint"), "not an HDF5 file"),
 ])
-def test_resume_from_damaged_file_is_one_clear_line(tmp_path, damage, msg):
-    mpirun(8, [*RUN, "--set", "train.epochs=1"], cwd=tmp_path, check=0)
+def test_resume_from_damaged_file_is_one_clear_line(one_epoch, tmp_path, damage, msg):
+    shutil.copytree(one_epoch / "run", tmp_path / "run")
     shard = tmp_path / "run" / "checkpoints" / "rank_5" / "network-1_10.h5"
     damage(shard)
     proc = mpirun(8, [*RUN, "--set", "train.epochs=2", "--resume", "auto"], cwd=tmp_path, timeout=120)

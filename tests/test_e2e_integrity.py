@@ -17,26 +17,18 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import flip_byte, mpirun, readonly_view, tmpfs
+from conftest import dsim_cli, flip_byte, mpirun, readonly_view, tmpfs
 from dsim.checkpoint import load_checkpoint
+from test_e2e_recovery import LOSS, RUN  # the same job; its uninterrupted run is conftest's recovery_reference
 
 pytestmark = pytest.mark.e2e
-RUN = ["-m", "dsim.train", "--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=320",
-       "--set", "train.epochs=3", "--set", "output.loss_every=1", "--set", "optimizer.name=adam",
-       "--set", "optimizer.learning_rate=0.002", "--set", "checkpoint.save_checkpoint_steps=7",
-       "--set", "checkpoint.save_checkpoint_epochs=null", "--set", "output.dir=run"]
-LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 RESUMED = "resumed from run/checkpoints/rank_0/network-2_4.h5 (global step 14: epoch 2 step 4)"
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(recovery_reference):
     """The uninterrupted run: its loss lines and its directory (checkpoints of steps 7, 14, 21, 28, 30)."""
-    d = tmp_path_factory.mktemp("reference")
-    proc = mpirun(8, RUN, cwd=d, check=0)
-    losses = LOSS.findall(proc.stdout)
-    assert len(losses) == 30
-    return losses, d
+    return recovery_reference
 
 
 def stopped(reference, tmp_path):
@@ -268,14 +260,16 @@ def test_read_only_source_resumes_with_saves_elsewhere(reference, tmp_path):
         same_final_state(reference[1] / "run" / "checkpoints", job / "elsewhere", "network-3_10")
         assert sorted((str(p), p.stat().st_mtime_ns) for p in ro.rglob("*")) == before  # never written
 
-        for args, line in [
+        # refused before step 1: the first under mpirun, the second (the command line alone) in one process
+        for args, line, ranks in [
             (["--resume", "auto", "--set", "checkpoint.directory=snapshot"],
              "dsim: error: config: checkpoint.directory 'snapshot' is not a writable directory: Read-only file "
-             "system; save elsewhere (checkpoint.directory), and to resume from its checkpoints, --resume-from snapshot"),
+             "system; save elsewhere (checkpoint.directory), and to resume from its checkpoints, --resume-from snapshot",
+             8),
             (["--resume-from", "snapshot", "--repair"],
-             "dsim: error: --repair writes into the checkpoint directory, and --resume-from snapshot is only read"),
+             "dsim: error: --repair writes into the checkpoint directory, and --resume-from snapshot is only read", None),
         ]:
-            refused = mpirun(8, [*RUN, *args], cwd=job, timeout=120)
+            refused = dsim_cli(ranks, [*RUN, *args], cwd=job, timeout=120)
             lines = [x for x in refused.stderr.splitlines() if x.startswith("dsim: ")]
             assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith(line), refused.stderr
             assert not LOSS.findall(refused.stdout) and "Traceback" not in refused.stderr  # before step 1

@@ -6,7 +6,7 @@ shard of stage 0 taken from its replica at resume. Bad pipeline settings are one
 """
 import pytest
 
-from conftest import ROOT, mpirun
+from conftest import dsim_cli, ROOT, mpirun
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, fault, final_state_equal
 
 pytestmark = pytest.mark.e2e
@@ -82,27 +82,29 @@ def test_a_lost_shard_of_stage_0_is_taken_from_its_replica(ft_reference, tmp_pat
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+# (options, the line, ranks): 8 = under mpirun -n 8; None = the same command in one process, for the config
+# errors every rank refuses alike before MPI is used (m-below-p keeps that family under mpirun)
 BAD = [
     (["--set", "parallel.pipeline_stage=3", "--set", "parallel.model_parallel=1", "--set", "parallel.micro_batch_num=3"],
-     "dsim: error: layout: pipeline_stage=3 x model_parallel=1 = 3 does not divide the world size 8"),
+     "dsim: error: layout: pipeline_stage=3 x model_parallel=1 = 3 does not divide the world size 8", 8),
     (["--set", "parallel.pipeline_stage=8", "--set", "parallel.model_parallel=1", "--set", "parallel.micro_batch_num=8"],
      "dsim: error: parallel.pipeline_stage=8 exceeds the 5 layers of 784-64-128-128-64-10: every stage "
-     "needs one"),
+     "needs one", 8),
     (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=1"],
      "dsim: error: config: parallel.micro_batch_num must be >= parallel.pipeline_stage=2 (MindSpore requires "
-     "micro_batch_num >= pipeline stages), got 1"),
+     "micro_batch_num >= pipeline stages), got 1", 8),
     (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=3"],
      "dsim: error: layout: micro_batch_num=3 does not divide the batch of 32 per data-parallel rank "
-     "(data.batch_size=32 / data_parallel=1)"),
+     "(data.batch_size=32 / data_parallel=1)", 8),
     (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=2", "--set", "parallel.pipeline_schedule=zb"],
-     "dsim: error: config: parallel.pipeline_schedule must be one of 1f1b, gpipe, got 'zb'"),
+     "dsim: error: config: parallel.pipeline_schedule must be one of 1f1b, gpipe, got 'zb'", None),
 ]
 
 
-@pytest.mark.parametrize("options,line", BAD, ids=["p-not-dividing", "p-over-layers", "m-below-p", "m-not-dividing",
-                                                   "schedule"])
-def test_bad_pipeline_settings_one_line_exit_2(tmp_path, options, line):
-    proc = mpirun(8, ["-m", "dsim.train", *OPTS, *options], cwd=tmp_path)
+@pytest.mark.parametrize("options,line,ranks", BAD, ids=["p-not-dividing", "p-over-layers", "m-below-p",
+                                                         "m-not-dividing", "schedule"])
+def test_bad_pipeline_settings_one_line_exit_2(tmp_path, options, line, ranks):
+    proc = dsim_cli(ranks, ["-m", "dsim.train", *OPTS, *options], cwd=tmp_path, timeout=180)
     errors = [x for x in proc.stderr.splitlines() if x.startswith("dsim: error:")]
     assert proc.returncode == 2 and errors == [line], proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").rglob("*.h5"))

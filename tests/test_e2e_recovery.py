@@ -24,12 +24,9 @@ RESUMED = "resumed from run/checkpoints/rank_0/network-2_4.h5 (global step 14: e
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run: its loss lines and its checkpoint directory."""
-    d = tmp_path_factory.mktemp("reference")
-    proc = mpirun(8, RUN, cwd=d, check=0)
-    losses = LOSS.findall(proc.stdout)
-    assert len(losses) == 30
+def reference(recovery_reference):
+    """The uninterrupted run (conftest's, shared with test_e2e_integrity): its loss lines and its checkpoint directory."""
+    losses, d = recovery_reference
     return losses, d / "run" / "checkpoints"
 
 
@@ -104,11 +101,20 @@ def test_lost_or_corrupt_shard_is_taken_from_its_replica(reference, killed, tmp_
 NO_REPLICA = [*RUN, "--set", "parallel.optimizer_shard=2"]  # k = dp: every rank's slices are unique
 
 
-def test_no_replica_falls_back_to_the_previous_checkpoint(tmp_path):
-    first = mpirun(8, [*NO_REPLICA, "--set", "train.epochs=2"], cwd=tmp_path, check=0)
-    ckpt = tmp_path / "run" / "checkpoints"
-    assert sorted(p.name for p in ckpt.glob("*.commit")) == [
+@pytest.fixture(scope="module")
+def no_replica(tmp_path_factory):
+    """2 epochs without replicas (committed: steps 7, 14 and 20), made once: (its loss lines, its directory)."""
+    d = tmp_path_factory.mktemp("no-replica")
+    first = mpirun(8, [*NO_REPLICA, "--set", "train.epochs=2"], cwd=d, check=0)
+    assert sorted(p.name for p in (d / "run" / "checkpoints").glob("*.commit")) == [
         "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]
+    return LOSS.findall(first.stdout), d
+
+
+def test_no_replica_falls_back_to_the_previous_checkpoint(no_replica, tmp_path):
+    first_losses, _ = no_replica
+    shutil.copytree(no_replica[1] / "run", tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints"
     (ckpt / "rank_3" / "network-2_10.h5").unlink()
     proc = mpirun(8, [*NO_REPLICA, "--resume", "auto"], cwd=tmp_path, check=0)
     assert ("dsim: recovery: checkpoint network-2_10 is not usable: checkpoint file not found: "
@@ -117,24 +123,26 @@ def test_no_replica_falls_back_to_the_previous_checkpoint(tmp_path):
     assert RESUMED in proc.stdout
     # steps 15..20 repeat the first run's exactly, then training goes on to step 30
     losses = LOSS.findall(proc.stdout)
-    assert losses[:6] == LOSS.findall(first.stdout)[14:] and len(losses) == 16
+    assert losses[:6] == first_losses[14:] and len(losses) == 16
     assert (ckpt / "network-2_10.commit").exists() and (ckpt / "rank_4" / "network-2_10.h5").exists()  # kept
 
 
-def test_no_usable_checkpoint_is_one_clear_line(tmp_path):
+def test_no_usable_checkpoint_is_one_clear_line(no_replica, tmp_path):
     """(A checkpoint of another layout is resharded on load: tests/test_e2e_reshard.py.)"""
-    mpirun(8, [*NO_REPLICA, "--set", "train.epochs=1"], cwd=tmp_path, check=0)
+    shutil.copytree(no_replica[1] / "run", tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints"
-    for name in ("network-1_7", "network-1_10"):
+    for name in ("network-1_7", "network-2_4", "network-2_10"):
         flip_byte(ckpt / "rank_6" / f"{name}.h5")
     proc = mpirun(8, [*NO_REPLICA, "--resume", "auto"], cwd=tmp_path, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
-    assert errors[0].startswith("dsim: error: no usable committed checkpoint in run/checkpoints (tried network-1_10: "
-                                "checksum mismatch in run/checkpoints/rank_6/network-1_10.h5")
-    assert "network-1_7: checksum mismatch in run/checkpoints/rank_6/network-1_7.h5" in errors[0]
-    assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_10.commit", "network-1_7.commit"]
-    assert len(list(ckpt.glob("rank_*/network-1_*.h5"))) == 16 and not list(ckpt.glob("rank_*/*.damaged"))
+    assert errors[0].startswith("dsim: error: no usable committed checkpoint in run/checkpoints (tried network-2_10: "
+                                "checksum mismatch in run/checkpoints/rank_6/network-2_10.h5"), errors[0]
+    for name in ("network-2_4", "network-1_7"):
+        assert f"{name}: checksum mismatch in run/checkpoints/rank_6/{name}.h5" in errors[0], errors[0]
+    assert sorted(p.name for p in ckpt.glob("*.commit")) == [
+        "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]
+    assert len(list(ckpt.glob("rank_*/network-*.h5"))) == 24 and not list(ckpt.glob("rank_*/*.damaged"))
 
 
 def test_launch_scripts_save_then_recover(reference, tmp_path):

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import mpirun
+from conftest import dsim_cli, mpirun
 from dsim.data import write_idx
 
 pytestmark = pytest.mark.e2e
@@ -41,8 +41,8 @@ def test_two_runs_are_bit_identical(tmp_path):
 
 
 def test_default_config_runs_as_typed(tmp_path):
-    # the full-size Network on dp2 x mp4, cut to 3 steps to stay quick
-    proc = mpirun(8, ["-m", "dsim.train", "--set", "train.steps_per_epoch=3", "--set", "train.epochs=1"],
+    # the full-size Network on dp2 x mp4, cut to 1 step to stay quick
+    proc = mpirun(8, ["-m", "dsim.train", "--set", "train.steps_per_epoch=1", "--set", "train.epochs=1"],
                   cwd=tmp_path, check=0, timeout=300)
     assert "network 784-512-5120-5120-512-10 float32" in proc.stdout
     assert (tmp_path / "runs" / "default" / "metrics.jsonl").is_file()
@@ -59,17 +59,20 @@ def test_real_mnist_idx_files(tmp_path):
     assert len(LOSS_LINE.findall(proc.stdout)) == 4  # 128 // 32
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--set", "parallel.bogus=1"], "config: unknown key 'parallel.bogus'"),
-    (["--set", "train.epochs=many"], "config: train.epochs must be int, got str 'many'"),
+# ranks: 8 = under mpirun -n 8; None = the same command in one process (config errors, refused by every rank
+# alike before MPI is used; the config family keeps the unknown key under mpirun)
+@pytest.mark.parametrize("args,msg,ranks", [
+    (["--set", "parallel.bogus=1"], "config: unknown key 'parallel.bogus'", 8),
+    (["--set", "train.epochs=many"], "config: train.epochs must be int, got str 'many'", None),
     (["--set", "parallel.data_parallel=2", "--set", "parallel.model_parallel=2"],
-     "layout data_parallel=2 x model_parallel=2 = 4 ranks does not fit the world size 8"),
-    (["--set", "data.name=mnist", "--set", "data.path=MNIST_Data/train"], "config: data.path not found: MNIST_Data/train"),
-    (["--set", "model.hidden=[62,64]"], "is not divisible by model_parallel=4"),
-    (["--config", "missing.yaml"], "config: file not found: missing.yaml"),
+     "layout data_parallel=2 x model_parallel=2 = 4 ranks does not fit the world size 8", 8),
+    (["--set", "data.name=mnist", "--set", "data.path=MNIST_Data/train"], "config: data.path not found: MNIST_Data/train",
+     None),
+    (["--set", "model.hidden=[62,64]"], "is not divisible by model_parallel=4", 8),
+    (["--config", "missing.yaml"], "config: file not found: missing.yaml", None),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, msg):
-    proc = mpirun(8, ["-m", "dsim.train", *args], cwd=tmp_path, timeout=120)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, msg, ranks):
+    proc = dsim_cli(ranks, ["-m", "dsim.train", *args], cwd=tmp_path, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dsim: error:")]
     assert proc.returncode == 2, proc.stderr
     assert len(errors) == 1 and msg in errors[0], proc.stderr
