@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -89,25 +87,18 @@ def run_command(cmd, cwd, timeout, check, env=None, launcher=False):
     stall (dsim.ft.launcher): it is stopped, the exit status taken as 1 and a note added to stderr; the ranks'
     own output shows what they did.
     """
-    from dsim.ft.launcher import StallWatch
-    start, stalled = time.time(), False
+    from dsim.ft.launcher import supervise
+    got = {}
     with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
-        watch = StallWatch(p.pid) if launcher else None
-        while True:
-            try:
-                out, err = p.communicate(timeout=1)
-                break
-            except subprocess.TimeoutExpired:
-                now = time.time()
-                stalled = watch is not None and watch.stalled(now)
-                if stalled or now - start > timeout:
-                    os.killpg(p.pid, signal.SIGKILL)  # nothing outlives a test
-                    out, err = p.communicate()
-                    if stalled:
-                        err += "\n(test harness: mpirun stalled after every rank had ended; stopped it)\n"
-                        break
-                    raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
+        how = supervise(p, timeout, wait=lambda: got.update(zip(("out", "err"), p.communicate(timeout=1))),
+                        stalls=launcher)  # a stall or a timeout: the group killed, nothing outlives a test
+        out, err = (got["out"], got["err"]) if how == "ended" else p.communicate()
+    stalled = how == "stalled"
+    if stalled:
+        err += "\n(test harness: mpirun stalled after every rank had ended; stopped it)\n"
+    if how == "timeout":
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
     proc = subprocess.CompletedProcess(cmd, 1 if stalled else p.returncode, out, err)
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
@@ -187,12 +178,5 @@ def flip_byte(path, dataset=None):
 
     dataset: e.g. "params/layer1.param"; by default the first parameter of the file.
     """
-    import h5py
-    with h5py.File(path, "r") as f:
-        ds = f[dataset] if dataset else f["params"][sorted(f["params"])[0]]
-        offset = ds.id.get_offset() + ds.nbytes // 2
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        byte = fh.read(1)
-        fh.seek(offset)
-        fh.write(bytes([byte[0] ^ 0xFF]))
+    from dsim.campaign.runner import damage
+    damage(path, dataset)

@@ -116,16 +116,11 @@ def pid_of_rank(script: str, rank: int) -> int:
 
 def finish(proc, log, timeout=180):
     """Wait for a launched job (mpirun stalls stopped, as conftest.run_command does); returns (status, output)."""
-    from dsim.ft.launcher import StallWatch
-    watch, start_time = StallWatch(proc.pid), time.time()
-    while proc.poll() is None:
-        if watch.stalled(time.time()) or time.time() - start_time > timeout:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            assert time.time() - start_time <= timeout, f"timed out:\n{Path(log).read_text()[-3000:]}"
-            return 1, Path(log).read_text()
-        time.sleep(0.5)
-    return proc.returncode, Path(log).read_text()
+    from dsim.ft.launcher import supervise
+    how = supervise(proc, timeout)
+    proc.wait()
+    assert how != "timeout", f"timed out:\n{Path(log).read_text()[-3000:]}"
+    return (1 if how == "stalled" else proc.returncode), Path(log).read_text()
 
 
 def test_last_gasp_example(tmp_path):

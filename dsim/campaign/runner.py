@@ -76,11 +76,12 @@ def newest_committed(root) -> Optional[object]:
     return best
 
 
-def damage(path) -> None:
-    """Flip one byte in the middle of the file's first tensor's data, as a bad disk block would."""
+def damage(path, dataset=None) -> None:
+    """Flip one byte in the middle of a tensor's data (dataset, e.g. "params/layer1.param"; by default the file's
+    first parameter), as a bad disk block would."""
     import h5py
     with h5py.File(path, "r") as f:
-        ds = f["params"][sorted(f["params"])[0]]
+        ds = f[dataset] if dataset else f["params"][sorted(f["params"])[0]]
         offset = ds.id.get_offset() + ds.nbytes // 2
     with open(path, "r+b") as fh:
         fh.seek(offset)
