@@ -19,10 +19,9 @@ class OptTFTWrapper:
     def __init__(self, optimizer):
         self.__dict__["optimizer"] = optimizer
         self.__dict__["phase"] = NOT_STARTED
-        self.__dict__["previous"] = None        # name -> array: owned state after step previous_step
-        self.__dict__["previous_step"] = None
+        self.__dict__["previous"] = None        # name -> array: owned state after step previous_step (made once)
+        self.__dict__["previous_step"] = None   # None: the copy holds nothing to offer
         self.__dict__["damaged"] = False        # a memory error (UCE) made every copy untrustworthy
-        self.__dict__["scratch"] = None         # the buffers of a copy thrown away, reused by the next one
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
@@ -39,9 +38,8 @@ class OptTFTWrapper:
 
     def apply(self, halfway=None) -> None:
         """Keep the current owned state, then update (see Optimizer.apply)."""
-        prev = self.previous if self.previous is not None else self.scratch
-        if prev is None or any(name not in prev or prev[name].shape != arr.shape or prev[name].dtype != arr.dtype
-                               for name, arr in self.owned_arrays()):
+        prev = self.previous
+        if prev is None:
             prev = {name: np.empty_like(arr) for name, arr in self.owned_arrays()}
         for name, arr in self.owned_arrays():
             np.copyto(prev[name], arr)
@@ -58,7 +56,7 @@ class OptTFTWrapper:
         out = {}
         if self.damaged:
             return out
-        if self.previous is not None:
+        if self.previous_step is not None:
             out[self.previous_step] = self.previous
         if self.phase != IN_PROGRESS:
             out[self.optimizer.global_step] = dict(self.owned_arrays())
@@ -70,10 +68,8 @@ class OptTFTWrapper:
         self.__dict__.update(damaged=True)
 
     def _discard_copy(self) -> None:
-        """Forget the copy from before the update; its buffers are kept for the next copy (no fresh pages)."""
-        if self.previous is not None:
-            self.__dict__["scratch"] = self.previous
-        self.__dict__.update(previous=None, previous_step=None)
+        """Forget the copy from before the update; its buffers hold the next copy (no fresh pages)."""
+        self.__dict__["previous_step"] = None
 
     def reallocate(self) -> None:
         """"Clean" a damaged rank: throw its parameter and optimizer-state buffers away for new ones."""
