@@ -85,15 +85,20 @@ def run_command(cmd, cwd, timeout, check, env=None, launcher=False):
 
     With launcher=True (cmd is mpirun, or execs it), mpirun still there with every rank ended is a launcher
     stall (dsim.ft.launcher): it is stopped, the exit status taken as 1 and a note added to stderr; the ranks'
-    own output shows what they did.
+    own output shows what they did. A launcher that failed to start (no rank ran) is started again, as
+    dsim.ft.launcher.run does for users.
     """
-    from dsim.ft.launcher import supervise
-    got = {}
-    with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
-        how = supervise(p, timeout, wait=lambda: got.update(zip(("out", "err"), p.communicate(timeout=1))),
-                        stalls=launcher)  # a stall or a timeout: the group killed, nothing outlives a test
-        out, err = (got["out"], got["err"]) if how == "ended" else p.communicate()
+    from dsim.ft.launcher import START_TRIES, failed_to_start, supervise
+    for attempt in range(1, START_TRIES + 1):
+        got = {}
+        with subprocess.Popen(cmd, cwd=cwd, env={**launch_env(), **(env or {})}, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+            how = supervise(p, timeout, wait=lambda: got.update(zip(("out", "err"), p.communicate(timeout=1))),
+                            stalls=launcher)  # a stall or a timeout: the group killed, nothing outlives a test
+            out, err = (got["out"], got["err"]) if how == "ended" else p.communicate()
+        if not (launcher and how == "ended" and failed_to_start(p.returncode, err) and attempt < START_TRIES):
+            break
+        sys.stderr.write(f"(test harness: mpirun failed to start, try {attempt} of {START_TRIES}; again)\n{err}")
     stalled = how == "stalled"
     if stalled:
         err += "\n(test harness: mpirun stalled after every rank had ended; stopped it)\n"

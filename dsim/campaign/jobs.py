@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..ft.launcher import StallWatch, alive, children
+from ..ft.launcher import StallWatch, alive, children, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "DSIM_CAMPAIGN_JOB"
@@ -60,7 +60,8 @@ class Job:
         """Every rank has ended (after some were seen) and mpirun stays: a launcher stall (dsim.ft.launcher)
         that the launch script would stop only after 15 s, which a campaign would count as downtime."""
         if self.mpirun is None or not alive(self.mpirun):
-            self.mpirun = next((c for c in children(self.proc.pid) if _name(c) in ("mpirun", "prterun")), None)
+            # the script runs mpirun through dsim.ft.launcher: a grandchild
+            self.mpirun = next((c for c in descendants(self.proc.pid) if _name(c) in ("mpirun", "prterun")), None)
             if self.mpirun is None:
                 return False
         if children(self.mpirun):
