@@ -15,7 +15,6 @@ Checks:
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -102,7 +101,8 @@ def run(name: str, commands, workdir: Path, timeout: float = 600) -> list[str]:
     try:
         p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)  # mpirun and every rank with it
+        from dsim.ft.launcher import kill_tree
+        kill_tree(p.pid)  # the session, mpirun and every rank (each in a process group of its own)
         p.communicate()
         return [f"tutorial {name}: timed out after {timeout} s"] + check(commands, outdir)
     return check(commands, outdir)
