@@ -76,7 +76,9 @@ def main(argv=None) -> int:
         world, pool = spares.split(comm, cfg)  # with tft.spares, the last processes of the job are spares
         if world is None:
             code, place = spares.wait(pool)  # until released at the end, or given a dead rank's place
-            return code if place is None else train(*take_place(place.world, place.pool, place.joining))
+            if place is None:
+                return spares.finish(code)   # released: no collective left for it
+            return train(*take_place(place.world, place.pool, place.joining))
         run = build_run(cfg, world)
         run.spares = pool
         if world.rank == 0:
@@ -120,7 +122,8 @@ def train(run, step: int, joining=None) -> int:
         run.spares.release(code)
     if run.model.recovery is not None:
         run.model.recovery.release_idle()
-    return code
+    from .ft.spares import finish
+    return finish(code, run.groups.world if code == 0 else None)  # a job that spawned: no MPI_Finalize
 
 
 def _train(run, step: int, joining) -> int:

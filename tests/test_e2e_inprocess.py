@@ -1,6 +1,7 @@
 """In-process fast recovery end to end: a UCE or a kill -9 is repaired inside the running job (one mpirun),
 and the final state is bit-identical to an uninterrupted run's. Every mpirun has a timeout."""
 import re
+import time
 
 import pytest
 
@@ -55,6 +56,24 @@ def test_two_ranks_killed_at_once_are_replaced_by_two_spawned_processes(ft_refer
             "rank 2 (group info [2, 6]); world size back to 8; training goes on after step 11") in proc.stdout, proc.stdout
     assert LOSS.findall(proc.stdout) == ref_losses and "Segmentation fault" not in proc.stderr
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_kills_at_two_steps_are_healed_by_two_spawns_and_the_job_ends(ft_reference, tmp_path):
+    """kill -9 of rank 3 at step 6, then of rank 5 at step 13: each replaced by a spawned process. The job ends by
+    itself with exit 0, bit-identical to the uninterrupted run (its MPI_Finalize once waited forever for the
+    processes that died after the first spawn: spares.finish ends a job that spawned without it)."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    t = time.time()
+    proc = mpirun(8, ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true",
+                      *fault("kill", "[3,5]", "forward", "[6,13]")], cwd=tmp_path, check=0, ft=True, timeout=90)
+    for rank, donor, step in [(3, 7, 6), (5, 1, 13)]:
+        assert (f"dsim: heal: rank(s) {rank} died; repaired in the job: rank {rank} from rank {donor} (group info "
+                f"{sorted([rank, donor])}); world size back to 8; training goes on after step {step - 1}") in proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    assert [e["spawned"] for e in events(tmp_path, "heal")] == [[3], [5]]
+    assert "improperly" not in proc.stderr and "OPAL ERROR" not in proc.stderr, proc.stderr
+    assert time.time() - t < 60  # no wait for a launcher's timeout
 
 
 def test_kill_during_a_save_is_healed_and_the_save_redone(ft_reference, tmp_path):

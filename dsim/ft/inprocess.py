@@ -208,6 +208,7 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
 
 def join_spawned(parent):
     """A replacement spawned by the survivors of a dead rank (no spare was left): (run, step, joining)."""
+    warm.connected_to_spawned()
     merged = parent.Merge(high=True)
     joining = merged.bcast(None, root=0)
     warm.connect_all(merged)

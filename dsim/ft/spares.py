@@ -36,6 +36,37 @@ STOP = 0xA5           # tag of the message that releases a spare (its payload: t
 POLL = 0.02           # seconds between two probes of a waiting spare
 WATCH_SECONDS = 5.0   # no training process alive this long: the spare's job is gone
 
+_spawned = False      # this process is connected to processes spawned in the job (see finish)
+
+
+def connected_to_spawned() -> None:
+    """This process took part in a Spawn and Merge (a survivor, a spare, or the spawned process itself)."""
+    global _spawned
+    _spawned = True
+
+
+def finish(code: int, world=None) -> int:
+    """End a process of a job that spawned replacements: after a barrier on the training world (training
+    ended well), exit without MPI_Finalize. Returns code, to end normally, when nothing was spawned.
+
+    Open MPI 5.0.11's MPI_Finalize in such a job waits, in its dynamic-process disconnect
+    (ompi_dpm_dyn_finalize), on processes connected to a spawned one that died later: with replacements
+    spawned at two steps the job hung there until the launcher's timeout, training done and its checkpoints
+    committed. launch/ft.sh tells mpirun that a process may end with status 0 without MPI_Finalize
+    (prte_allowed_exit_without_sync; a non-zero status is still an error); the barrier keeps any process from
+    leaving while another still needs it in a collective.
+    """
+    if not _spawned:
+        return code
+    if world is not None:
+        try:
+            world.Barrier()
+        except MPI.Exception:
+            pass  # a process died at the very end: the others end all the same
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
 
 @dataclass
 class SparePool:
@@ -167,6 +198,7 @@ def refill(pool: SparePool, me, joining=None, living=None) -> Refill:
     taken, missing, left = assign([r for r, _, _ in roles], failed)
     watched = [(h, p) for i, (r, h, p) in enumerate(roles) if r is not None or i in taken]
     if missing:  # no spare left for these: spawn them, as without spares (inprocess.join_spawned)
+        connected_to_spawned()
         inter = comm.Spawn(sys.executable, args=["-m", "dsim.train", *sys.argv[1:]], maxprocs=len(missing), root=root)
         merged = inter.Merge(high=False)  # the pool keeps its ranks; the spawned come after
         taken.update({comm.size + j: r for j, r in enumerate(missing)})
