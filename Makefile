@@ -25,7 +25,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh Makefile
 PROCESSES = $(shell echo $$(( $(NP) + $$($(PY) -m dsim.ft.spare_count --config $(CONFIG)) )))
 
 train: venv
-	$(ENV) $(PY) -m dsim.ft.launcher $(MPIRUN) -n $(PROCESSES) $(PY) -m dsim.train --config $(CONFIG)
+	$(ENV) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(PROCESSES) $(PY) -m dsim.train --config $(CONFIG)
 
 test: test-serial test-mpi test-e2e
 
@@ -33,7 +33,7 @@ test-serial: venv
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e"
 
 test-mpi: venv
-	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m dsim.ft.launcher $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider
 
 test-e2e: venv
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e

@@ -58,7 +58,7 @@ def mpirun(n: int, module: str, args, timeout: float, log: Path) -> None:
     The job runs in its own process group, killed whole on timeout; a failure raises with the log's tail.
     """
     cmd = [str(BIN / "mpirun"), "-n", str(n), sys.executable, "-m", module, *map(str, args)]
-    cmd = [sys.executable, "-m", "dsim.ft.launcher", *cmd]  # a launcher that failed to start is started again
+    cmd = [sys.executable, str(ROOT / "dsim" / "ft" / "launcher.py"), *cmd]  # a launcher that failed to start is started again
     with open(log, "w") as out:
         out.write("+ " + " ".join(cmd) + "\n")
         out.flush()

@@ -54,7 +54,7 @@ def ft_env() -> dict:
 def job(args, cwd, timeout, log, processes=8):
     """One `mpirun -n 8 python -m dsim.train` under ULFM; returns its exit code (output appended to log)."""
     env = ft_env()
-    cmd = [sys.executable, "-m", "dsim.ft.launcher",  # as the launch scripts run it: a failed start retried
+    cmd = [sys.executable, str(ROOT / "dsim" / "ft" / "launcher.py"),  # as the launch scripts run it: a failed start retried
            str(BIN / "mpirun"), *env.pop("DSIM_FT_MPIRUN_ARGS").split(), "-n", str(processes), sys.executable,
            "-m", "dsim.train", *map(str, args)]
     with open(log, "a") as out:

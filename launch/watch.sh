@@ -1,9 +1,10 @@
-# `dsim_watched mpirun ARGS...`: run mpirun through dsim.ft.launcher (sourced by common.sh and the examples'
+# `dsim_watched mpirun ARGS...`: run mpirun through dsim/ft/launcher.py (sourced by common.sh and the examples'
 # launch scripts). Open MPI's launcher now and then stays after every rank of a job with a dead rank has ended:
 # no rank left for 15 s and mpirun still there, it is stopped (exit 1). Now and then it fails to start (a PMIx
 # fault, no rank ran): it is started again.
+DSIM_LAUNCHER=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/dsim/ft/launcher.py  # standard library only
 dsim_watched() {
-    python -m dsim.ft.launcher "$@" &
+    python "$DSIM_LAUNCHER" "$@" &
     local pid=$! status
     # SIGINT or SIGTERM to this script: passed on (the launcher stops mpirun and its ranks); its status kept
     trap 'kill -TERM $pid 2>/dev/null' INT TERM

@@ -1,6 +1,7 @@
 """Fault tolerance's pure parts: the survivors' plan, OptTFTWrapper's states, MS_ENABLE_TFT, UCE damage."""
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from dsim.faults import corrupt
 from dsim.ft.last_gasp import plan
 from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper
 from dsim.parallel.layout import ParallelLayout
+
+LAUNCHER = Path(__file__).resolve().parents[1] / "dsim" / "ft" / "launcher.py"  # run as the launch scripts run it
 
 DP2MP4 = replica_sets(ParallelLayout(2, 4, 1))  # [[0, 4], [1, 5], [2, 6], [3, 7]]
 
@@ -213,7 +216,7 @@ def test_supervise_tells_an_ended_a_stalled_and_a_timed_out_launcher_apart():
 
 def test_a_launcher_that_failed_to_start_is_started_again(tmp_path):
     """mpirun exiting at once with PMIx's listener-thread failure (no rank ran; once in some hundreds of launches,
-    seen in CI) is started again by python -m dsim.ft.launcher, up to START_TRIES launches; any other failure is
+    seen in CI) is started again by dsim/ft/launcher.py, up to START_TRIES launches; any other failure is
     passed on as it came, once."""
     import subprocess
     import sys
@@ -229,7 +232,7 @@ def test_a_launcher_that_failed_to_start_is_started_again(tmp_path):
 
     def launch(fails, code=0):
         (tmp_path / "count").unlink(missing_ok=True)
-        p = subprocess.run([sys.executable, "-m", "dsim.ft.launcher", str(fake), "-n", "2", "x"], cwd=tmp_path,
+        p = subprocess.run([sys.executable, str(LAUNCHER), str(fake), "-n", "2", "x"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "FAILS": str(fails), "CODE": str(code)})
         return p.returncode, p.stdout, p.stderr, int((tmp_path / "count").read_text())
@@ -242,7 +245,7 @@ def test_a_launcher_that_failed_to_start_is_started_again(tmp_path):
 
 
 def test_the_launcher_stops_a_stall_and_kills_every_rank_on_a_timeout(tmp_path):
-    """python -m dsim.ft.launcher: a "launcher" with no child left is a stall (exit 1, a note); past --timeout the
+    """dsim/ft/launcher.py: a "launcher" with no child left is a stall (exit 1, a note); past --timeout the
     launcher and the "ranks" below it are killed (exit 124), ranks in process groups of their own too (as
     prterun starts them)."""
     import subprocess

@@ -54,7 +54,7 @@ def script(commands, outdir: Path) -> str:
     lines = [f". {ROOT}/launch/env.sh", f"export PATH={Path(sys.executable).parent}:$PATH", "__rc=0",
              # mpirun as typed, through the watch the launch scripts use (an Open MPI launcher that failed to
              # start is started again, one that stalls is stopped): a launcher fault is not the README's
-             f"mpirun() {{ python -m dsim.ft.launcher {Path(sys.executable).parent / 'mpirun'} \"$@\"; }}"]
+             f"mpirun() {{ python {ROOT / 'dsim' / 'ft' / 'launcher.py'} {Path(sys.executable).parent / 'mpirun'} \"$@\"; }}"]
     for i, c in enumerate(commands):
         lines.append(f"(exit $__rc); {{ {c.line}\n}} > {outdir}/{i}.out 2>&1; __rc=$?; echo $__rc > {outdir}/{i}.rc")
     return "\n".join(lines) + "\n"

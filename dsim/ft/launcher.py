@@ -8,7 +8,9 @@
   or written: it is started again, up to START_TRIES times.
 
 Whoever runs mpirun goes through here: the tests (conftest.run_command), the benchmarks, the Makefile and
-the launch scripts (`python -m dsim.ft.launcher mpirun ARGS...`, which launch/watch.sh's dsim_watched runs).
+the launch scripts (`python dsim/ft/launcher.py mpirun ARGS...`, which launch/watch.sh's dsim_watched runs;
+as a script it imports the standard library only: 40 ms and 13 MiB for the watch, against 0.3 s and 50 MiB
+as `python -m dsim.ft.launcher`, which imports dsim first).
 """
 from __future__ import annotations
 
@@ -168,7 +170,7 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
 
 def main(argv=None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m dsim.ft.launcher", description=(
+    parser = argparse.ArgumentParser(prog="python dsim/ft/launcher.py", description=(
         "Run mpirun as dsim's launch scripts do: a launcher that stays after every rank has ended is stopped, "
         "one that failed to start (a PMIx fault, no rank ran) is started again."))
     parser.add_argument("--timeout", type=float, default=None, help="stop mpirun and every rank after this many "
