@@ -48,4 +48,4 @@ def test_the_spare_leaves_with_a_job_that_ends_in_an_error(tmp_path):
                   cwd=tmp_path, timeout=120, ft=True)
     assert proc.returncode == 1, proc.stderr
     assert "it cannot be repaired: no healthy rank holds the slices of ranks [5]" in proc.stderr
-    assert "stalled" not in proc.stderr and "spare: every training process" not in proc.stderr  # released, not orphaned
+    assert "launcher stall" not in proc.stderr and "spare: every training process" not in proc.stderr  # released, not orphaned
