@@ -9,18 +9,10 @@ caches; `drop_all_permitted()` only reports whether it would be allowed.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
 import os
 from pathlib import Path
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_MAP_FAILED = ctypes.c_void_p(-1).value
+from dsim.checkpoint.tensor_io import cached_pages
 
 
 def files_under(path) -> list[Path]:
@@ -41,22 +33,9 @@ def evict(path) -> None:
 
 def resident_pages(path) -> tuple[int, int]:
     """(pages in the page cache, pages in total) of a file, by mincore(2)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0, 0
-    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
     fd = os.open(path, os.O_RDONLY)
     try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            raise OSError(ctypes.get_errno(), "mmap failed", str(path))
-        try:
-            vec = (ctypes.c_ubyte * pages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), "mincore failed", str(path))
-            return sum(b & 1 for b in vec), pages
-        finally:
-            _libc.munmap(addr, size)
+        return cached_pages(fd)
     finally:
         os.close(fd)
 

@@ -7,7 +7,9 @@ import h5py
 import numpy as np
 import pytest
 
-from dsim.checkpoint import CheckpointError
+from bench.page_cache import evict, resident_pages
+from dsim import aligned
+from dsim.checkpoint import CheckpointError, tensor_io
 from dsim.checkpoint.async_save import Abandoned, BackgroundWrite, Snapshot
 from dsim.checkpoint.format import FORMAT, META_ATTR, Tensor, crc32, meta_table, read_file, write_file
 from dsim.checkpoint.tensor_io import CHUNK
@@ -159,3 +161,78 @@ def test_the_fast_crc32_is_zlibs():
     data = np.random.default_rng(1).integers(0, 256, 3 * CHUNK + 11, dtype=np.uint8).tobytes()
     assert tensor_io.crc32(data) == zlib.crc32(data)
     assert tensor_io.crc32(data[7:], tensor_io.crc32(data[:7])) == zlib.crc32(data)
+
+
+def test_aligned_arrays_start_at_a_page_and_equal_numpys():
+    for shape, dtype in (((3, 1000), np.float32), ((0, 4), np.float64), ((), np.float32), ((7,), np.int64)):
+        z, e = aligned.zeros(shape, dtype), aligned.empty(shape, dtype)
+        assert z.shape == e.shape == shape and z.dtype == e.dtype == dtype and z.flags.c_contiguous
+        assert aligned.is_aligned(z) and aligned.is_aligned(e) and not z.any()
+    src = np.random.default_rng(0).standard_normal((5, 300))[:, ::2]  # not contiguous, float64
+    c = aligned.copy_of(src, np.float32)
+    assert aligned.is_aligned(c) and c.flags.c_contiguous
+    assert c.tobytes() == np.ascontiguousarray(src, dtype=np.float32).tobytes()  # the same rounding
+
+
+def test_large_datasets_start_at_a_page_of_their_file(tmp_path):
+    write_file(tmp_path / "x.h5", META, tensors(), {})
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        big = f["params/w"]
+        assert big.nbytes >= tensor_io.ALIGNMENT[0] and big.id.get_offset() % aligned.PAGE == 0
+
+
+@pytest.mark.parametrize("shift", [0, 4, 4096 + 12])
+def test_a_cold_file_is_read_with_direct_io_into_aligned_arrays(tmp_path, shift):
+    """Direct reads of the aligned middle, the page cache for the ends: the same bytes and CRC as a plain
+    read, whatever the array's alignment; the cold file stays out of the page cache where O_DIRECT exists."""
+    ts = tensors(3)
+    write_file(tmp_path / "x.h5", META, ts, {})
+    w = next(t for t in ts if t.name == "w")
+    base = aligned.empty((w.data.nbytes + shift,), np.uint8)
+    into = base[shift:].view(np.float32).reshape(w.data.shape) if shift % 4 == 0 else None
+    evict(tmp_path / "x.h5")
+    fd = os.open(tmp_path / "x.h5", os.O_RDONLY)
+    try:
+        direct = tensor_io.open_direct(tmp_path / "x.h5", fd)
+        assert direct is not None or not hasattr(os, "O_DIRECT") or _no_direct_io(tmp_path)
+    finally:
+        os.close(fd)
+        if direct is not None:
+            os.close(direct)
+    shard = read_file(tmp_path / "x.h5", into={"w": into})
+    assert shard.tensors["w"].data is into and into.tobytes() == w.data.tobytes()
+    if direct is not None and shift == 0:  # w's pages did not pass through the page cache (but for the
+        cached, total = resident_pages(tmp_path / "x.h5")  # kernel's read-ahead after the metadata: 128 KiB)
+        assert cached < total - w.data.nbytes // aligned.PAGE + 64
+
+
+def _no_direct_io(path) -> bool:
+    try:
+        os.close(os.open(path / "x.h5", os.O_RDONLY | os.O_DIRECT))
+        return False
+    except OSError:
+        return True
+
+
+def test_a_file_in_the_page_cache_is_read_from_there(tmp_path):
+    write_file(tmp_path / "x.h5", META, tensors(), {})
+    fd = os.open(tmp_path / "x.h5", os.O_RDONLY)
+    try:
+        os.read(fd, os.fstat(fd).st_size)
+        assert tensor_io.cached_fraction(fd) == 1.0 and tensor_io.open_direct(tmp_path / "x.h5", fd) is None
+        evict(tmp_path / "x.h5")
+        assert tensor_io.cached_fraction(fd) < 0.5
+    finally:
+        os.close(fd)
+
+
+def test_a_direct_read_of_a_truncated_file_is_one_line(tmp_path):
+    ts = tensors()
+    write_file(tmp_path / "x.h5", META, ts, {})
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        end_of_w = f["params/w"].id.get_offset() + f["params/w"].nbytes
+    os.truncate(tmp_path / "x.h5", end_of_w - 3 * aligned.PAGE - 100)
+    evict(tmp_path / "x.h5")
+    into = {"w": aligned.empty(SHAPES["w"][0], np.float32)}
+    with pytest.raises(CheckpointError, match="cannot read checkpoint .*truncated or corrupt"):
+        read_file(tmp_path / "x.h5", into=into)

@@ -30,6 +30,7 @@ from typing import NamedTuple, Optional
 import h5py
 import numpy as np
 
+from .. import aligned
 from ..parallel.layout import Slice
 from . import tensor_io
 from .errors import CheckpointError
@@ -305,7 +306,8 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         sink = _Sink(tmp)
-        with h5py.File(sink, "w") as f:
+        threshold, interval = tensor_io.ALIGNMENT
+        with h5py.File(sink, "w", alignment_threshold=threshold, alignment_interval=interval) as f:
             f.attrs["format"], f.attrs["format_version"] = FORMAT, VERSION
             for key, value in meta.items():
                 if key != META_ATTR:
@@ -371,10 +373,11 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     except Exception:
         kind = "truncated or corrupt HDF5 file" if _has_hdf5_signature(path) else "not an HDF5 file"
         raise CheckpointError(f"cannot read checkpoint {path}: {kind}") from None
-    fd = None
+    fd = direct = None
     try:
         with f:
             fd = os.open(path, os.O_RDONLY)
+            direct = tensor_io.open_direct(path, fd)  # None: read through the page cache
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
             datasets = datasets_of(f)
@@ -385,12 +388,13 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
             offsets = {key: tensor_io.raw_offset(ds) for key, (ds, _) in datasets.items() if key[0] != "append_info"}
             in_file_order = sorted(datasets.items(), key=lambda item: offsets.get(item[0]) or 0)
-            # Only now the disk is asked to read the tensors ahead: asked before, it would queue the whole file
-            # ahead of the metadata reads (each dataset's header lies just before its data)
-            tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)
+            if direct is None:
+                # Only now the disk is asked to read the tensors ahead: asked before, it would queue the whole file
+                # ahead of the metadata reads (each dataset's header lies just before its data)
+                tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)
             for (kind, name), (ds, a) in in_file_order:  # the disk reads sequentially
                 if kind != "append_info":
-                    data, crc = _read_tensor(fd, ds, offsets[kind, name], (into or {}).get(name), verify)
+                    data, crc = _read_tensor(fd, direct, ds, offsets[kind, name], (into or {}).get(name), verify)
                     if verify and crc != int(a["crc32"]):
                         if damaged is None:
                             raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
@@ -410,13 +414,15 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     except Exception as e:  # whatever a damaged file makes h5py raise: one line
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     finally:
-        if fd is not None:
-            os.close(fd)
+        for d in (fd, direct):
+            if d is not None:
+                os.close(d)
 
 
-def _read_tensor(fd: int, ds, offset, target, verify: bool) -> tuple:
+def _read_tensor(fd: int, direct, ds, offset, target, verify: bool) -> tuple:
     """(array, CRC-32 or None) of a dataset: read in place at offset when it is laid out contiguously
-    (into target when that fits, else a new array), through h5py otherwise (offset None: old and foreign files)."""
+    (into target when that fits, else a new page-aligned array; with direct I/O where it can), through h5py
+    otherwise (offset None: old and foreign files)."""
     fits = (target is not None and target.shape == ds.shape and target.dtype == ds.dtype
             and target.flags.c_contiguous and target.flags.writeable)
     if offset is None:
@@ -424,8 +430,8 @@ def _read_tensor(fd: int, ds, offset, target, verify: bool) -> tuple:
         if fits:
             ds.read_direct(target)
         return data, (crc32(data) if verify else None)
-    data = target if fits else np.empty(ds.shape, ds.dtype)
-    return data, tensor_io.read_at(fd, data, offset)
+    data = target if fits else aligned.empty(ds.shape, ds.dtype)
+    return data, tensor_io.read_at(fd, data, offset, direct)
 
 
 def _has_hdf5_signature(path) -> bool:

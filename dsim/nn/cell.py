@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import aligned
 from ..parallel.groups import check_revoked
 from ..parallel.layout import LayoutError, ParallelLayout, check_spec, mp_slice
 from .layers import softmax_cross_entropy
@@ -127,10 +128,9 @@ class Cell:
                     continue  # another pipeline stage holds it
                 where = mp_slice(spec, layout, rank)
                 if initialize:
-                    local = initial_value(spec, seed, layer.inits[spec.name])[where.index]
-                    local = np.ascontiguousarray(local, dtype=dtype)
+                    local = aligned.copy_of(initial_value(spec, seed, layer.inits[spec.name])[where.index], dtype)
                 else:
-                    local = np.zeros(where.extents, dtype=dtype)
+                    local = aligned.zeros(where.extents, dtype)
                 p = Parameter(spec, layout, rank, local)
                 layer.params.append(p)
                 self.params.append(p)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import aligned
 from ..parallel.groups import allgather_axis0_inplace
 from .schedule import LRSchedule
 
@@ -39,7 +40,7 @@ class Optimizer:
         the model is built (the layout decides the slices); Model.build then binds the built ones.
         """
         self.params = list(params)
-        self.state = {slot: {p.name: np.zeros(p.owned.extents, dtype=p.data.dtype) for p in self.params}
+        self.state = {slot: {p.name: aligned.zeros(p.owned.extents, p.data.dtype) for p in self.params}
                       for slot in self.slots}
 
     def current_lr(self) -> float:
