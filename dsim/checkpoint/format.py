@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -363,7 +364,8 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     appended there instead of raising (recovery then takes just that tensor from another holder).
     into: name -> array (C-contiguous, writable) where a tensor of that shape and dtype is read, e.g. the
     model's and optimizer's own arrays, so loading allocates and copies nothing; the Shard's tensor then
-    is that array. A tensor whose checksum fails has still been read into it: the caller replaces it.
+    is that array. The tensors are read while the metadata is checked, so a file that fails a check may
+    have been read into them: the caller replaces them (from a replica or another checkpoint).
     """
     path = Path(path)
     if not path.is_file():
@@ -373,39 +375,50 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     except Exception:
         kind = "truncated or corrupt HDF5 file" if _has_hdf5_signature(path) else "not an HDF5 file"
         raise CheckpointError(f"cannot read checkpoint {path}: {kind}") from None
-    fd = direct = None
+    fd = direct = reading = None
     try:
         with f:
             fd = os.open(path, os.O_RDONLY)
             direct = tensor_io.open_direct(path, fd)  # None: read through the page cache
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
-            datasets = datasets_of(f)
+            found = {(kind, name): ds for kind in ("params", "optimizer", "append_info")
+                     for name, ds in (f[kind].items() if isinstance(f.get(kind), h5py.Group) else ())}
+            # The bytes of tensors laid out in place are read by a thread of their own, in file order, while this
+            # one reads and checks the metadata: the disk starts at once instead of after every rank's CPU work
+            offsets = {key: tensor_io.raw_offset(ds) for key, ds in found.items() if key[0] != "append_info"}
+            placed = {key: (_target(found[key], (into or {}).get(key[1]), at), at) for key, at in offsets.items()}
+            if direct is None:
+                tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)
+            reading = Reading(fd, direct, {key: (data, at) for key, ((data, _), at) in placed.items() if at is not None})
+            datasets = {key: (ds, {k: _plain(v) for k, v in ds.attrs.items()}) for key, ds in found.items()}
             table, differ, checked = check_meta(f, datasets)
             if verify and differ:
                 raise CheckpointError(f"metadata checksum mismatch in {path}: {', '.join(differ)}")
             meta = {k: (json.loads(v) if k in JSON_ATTRS else _plain(v)) for k, v in f.attrs.items() if k != META_ATTR}
             shard = Shard(path, meta, digest=content_digest(table), meta_checked=checked)
-            offsets = {key: tensor_io.raw_offset(ds) for key, (ds, _) in datasets.items() if key[0] != "append_info"}
-            in_file_order = sorted(datasets.items(), key=lambda item: offsets.get(item[0]) or 0)
-            if direct is None:
-                # Only now the disk is asked to read the tensors ahead: asked before, it would queue the whole file
-                # ahead of the metadata reads (each dataset's header lies just before its data)
-                tensor_io.prefetch(fd, 0, os.fstat(fd).st_size)
-            for (kind, name), (ds, a) in in_file_order:  # the disk reads sequentially
-                if kind != "append_info":
-                    data, crc = _read_tensor(fd, direct, ds, offsets[kind, name], (into or {}).get(name), verify)
-                    if verify and crc != int(a["crc32"]):
-                        if damaged is None:
-                            raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
-                        damaged.append(f"{kind}/{name}")
-                        continue
-                    shard.tensors[name] = Tensor(kind, name, tuple(int(x) for x in a["global_shape"]),
-                                                 Slice(tuple(int(x) for x in a["offsets"]),
-                                                       tuple(int(x) for x in a["extents"])),
-                                                 data, str(a["split"]), bool(a["opt_sharded"]))
-                else:
+            crcs = reading.join()
+            for (kind, name), (ds, a) in datasets.items():
+                if kind == "append_info":
                     shard.append_info[name] = _plain(ds[()])
+                    continue
+                (data, fits), at = placed[kind, name]
+                if at is None:  # not laid out in place (old and foreign files): through h5py
+                    data = ds[()] if not fits else data
+                    if fits:
+                        ds.read_direct(data)
+                    crc = crc32(data) if verify else None
+                else:
+                    crc = crcs[kind, name]
+                if verify and crc != int(a["crc32"]):
+                    if damaged is None:
+                        raise CheckpointError(f"checksum mismatch in {path}: {kind}/{name}")
+                    damaged.append(f"{kind}/{name}")
+                    continue
+                shard.tensors[name] = Tensor(kind, name, tuple(int(x) for x in a["global_shape"]),
+                                             Slice(tuple(int(x) for x in a["offsets"]),
+                                                   tuple(int(x) for x in a["extents"])),
+                                             data, str(a["split"]), bool(a["opt_sharded"]))
             return shard
     except CheckpointError:
         raise
@@ -414,24 +427,54 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     except Exception as e:  # whatever a damaged file makes h5py raise: one line
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     finally:
+        if reading is not None:
+            reading.stop()
         for d in (fd, direct):
             if d is not None:
                 os.close(d)
 
 
-def _read_tensor(fd: int, direct, ds, offset, target, verify: bool) -> tuple:
-    """(array, CRC-32 or None) of a dataset: read in place at offset when it is laid out contiguously
-    (into target when that fits, else a new page-aligned array; with direct I/O where it can), through h5py
-    otherwise (offset None: old and foreign files)."""
+def _target(ds, target, offset) -> tuple:
+    """(where a dataset is read, whether that is the given target): the target when its shape, dtype and
+    memory fit, else a new page-aligned array (None for one read through h5py: offset None)."""
     fits = (target is not None and target.shape == ds.shape and target.dtype == ds.dtype
             and target.flags.c_contiguous and target.flags.writeable)
-    if offset is None:
-        data = ds[()] if not fits else target
-        if fits:
-            ds.read_direct(target)
-        return data, (crc32(data) if verify else None)
-    data = target if fits else aligned.empty(ds.shape, ds.dtype)
-    return data, tensor_io.read_at(fd, data, offset, direct)
+    if fits:
+        return target, True
+    return (aligned.empty(ds.shape, ds.dtype) if offset is not None else None), False
+
+
+class Reading:
+    """A thread that reads tensors' bytes (key -> (array, file offset)) in file order; join() gives key -> CRC-32.
+
+    It touches only the file descriptors and the arrays (no h5py, which is not used by two threads at once).
+    """
+
+    def __init__(self, fd: int, direct, jobs: dict):
+        self.fd, self.direct, self.jobs = fd, direct, sorted(jobs.items(), key=lambda item: item[1][1])
+        self.crcs, self.error, self.stopped = {}, None, False
+        self.thread = threading.Thread(target=self._run, name="dsim-read", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            for key, (data, offset) in self.jobs:
+                if self.stopped:
+                    return
+                self.crcs[key] = tensor_io.read_at(self.fd, data, offset, self.direct)
+        except BaseException as e:  # raised by join(), in the reading process's thread
+            self.error = e
+
+    def join(self) -> dict:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.crcs
+
+    def stop(self) -> None:
+        """Stop after the tensor being read and wait (the arrays and descriptors are not used after this)."""
+        self.stopped = True
+        self.thread.join()
 
 
 def _has_hdf5_signature(path) -> bool:
