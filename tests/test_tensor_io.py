@@ -236,3 +236,36 @@ def test_a_direct_read_of_a_truncated_file_is_one_line(tmp_path):
     into = {"w": aligned.empty(SHAPES["w"][0], np.float32)}
     with pytest.raises(CheckpointError, match="cannot read checkpoint .*truncated or corrupt"):
         read_file(tmp_path / "x.h5", into=into)
+
+
+def test_a_save_writes_large_tensors_with_direct_io(tmp_path):
+    """The aligned bytes go to the disk without the page cache: after the save, w's pages are not cached
+    (where the file system has direct I/O), and the file reads back bit-exact."""
+    ts = tensors(5)
+    w = next(t for t in ts if t.name == "w")
+    w.data = aligned.copy_of(w.data)
+    write_file(tmp_path / "x.h5", META, ts, {})
+    if tensor_io.open_direct_write(tmp_path / "x.h5") is not None:
+        cached, total = resident_pages(tmp_path / "x.h5")
+        assert cached < total - w.data.nbytes // aligned.PAGE + 2
+    shard = read_file(tmp_path / "x.h5")
+    assert all(shard.tensors[t.name].data.tobytes() == t.data.tobytes() for t in ts)
+
+
+def test_a_file_system_refusing_direct_writes_gets_buffered_ones(tmp_path, monkeypatch):
+    data = aligned.copy_of(np.arange(1 << 18, dtype=np.float32))
+    fd = os.open(tmp_path / "x.bin", os.O_RDWR | os.O_CREAT, 0o644)
+    direct = os.open(tmp_path / "x.bin", os.O_WRONLY)  # stands for a direct descriptor that is refused
+    pwrite = os.pwrite
+
+    def refusing(f, b, at):
+        if f == direct:
+            raise OSError(22, "Invalid argument")  # EINVAL, as a file system without O_DIRECT says
+        return pwrite(f, b, at)
+    monkeypatch.setattr(os, "pwrite", refusing)
+    try:
+        assert tensor_io.write_at(fd, data, 0, direct) == crc32(data)
+    finally:
+        os.close(fd)
+        os.close(direct)
+    assert (tmp_path / "x.bin").read_bytes() == data.tobytes()

@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from .. import aligned
 from .format import Tensor
 
 
@@ -42,7 +43,7 @@ class Snapshot:
         for t in tensors:
             buf = self.buffers.get(t.name)
             if buf is None or buf.shape != t.data.shape or buf.dtype != t.data.dtype:
-                buf = self.buffers[t.name] = np.empty(t.data.shape, t.data.dtype)
+                buf = self.buffers[t.name] = aligned.empty(t.data.shape, t.data.dtype)  # written with direct I/O
             np.copyto(buf, t.data)
             out.append(Tensor(t.kind, t.name, t.global_shape, t.where, buf, t.split, t.opt_sharded))
         return out

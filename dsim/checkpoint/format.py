@@ -205,6 +205,7 @@ class _Sink(io.RawIOBase):
 
     def __init__(self, path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.direct = tensor_io.open_direct_write(path)  # the tensors' aligned bytes (None: no direct I/O here)
         self.pos = self.size = 0
         self.error = None
 
@@ -251,7 +252,7 @@ class _Sink(io.RawIOBase):
         if self.error is not None:
             return crc32(data)
         try:
-            return tensor_io.write_at(self.fd, data, offset)
+            return tensor_io.write_at(self.fd, data, offset, self.direct)
         except OSError as e:
             self.error = e
             return crc32(data)
@@ -275,6 +276,9 @@ class _Sink(io.RawIOBase):
         pass
 
     def close(self):
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 
@@ -34,6 +35,7 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the s
 CHUNK = 1 << 21  # 2 MiB: large enough for few system calls, small enough to stay in cache for the CRC
 WRITEBACK = 1 << 24  # start the disk writing every 16 MiB, while the next bytes are copied and checksummed
 DIRECT_CHUNK = 1 << 23  # 8 MiB: direct reads bypass the cache anyway; larger requests keep the disk busier
+DIRECT_CHUNK = 1 << 23  # 8 MiB: direct I/O bypasses the cache anyway; larger requests keep the disk busier
 BLOCK = mmap.PAGESIZE  # direct I/O's unit (a multiple of any disk's logical block size)
 ALIGNMENT = (1 << 18, BLOCK)  # datasets of 256 KiB or more start at a page boundary of their file (HDF5's
 # set_alignment); smaller ones gain nothing from direct I/O
@@ -73,13 +75,28 @@ def byte_view(arr: np.ndarray) -> memoryview:
     return memoryview(arr.reshape(-1)).cast("B") if arr.size else memoryview(b"")
 
 
-def write_at(fd: int, arr: np.ndarray, offset: int) -> int:
+def write_at(fd: int, arr: np.ndarray, offset: int, direct: int = None) -> int:
     """Write a C-contiguous array's bytes at offset of fd; returns their CRC-32. Raises OSError.
 
-    Every WRITEBACK bytes the kernel is asked to start writing them to disk (without waiting), so the
-    disk works while the CPU copies and checksums the rest, and the final fsync has little left to do.
+    direct: the same file opened with O_WRONLY | O_DIRECT (open_direct_write), or None. The part of the
+    array at block boundaries both in memory and in the file goes with it, straight from the array to the
+    disk (no copy into the page cache, no dirty pages for the kernel to write back); the rest through fd.
+    There, every WRITEBACK bytes the kernel is asked to start writing them to disk (without waiting), so
+    the disk works while the CPU copies and checksums the rest, and the final fsync has little left to do.
     """
-    view, crc, done, flushed = byte_view(arr), 0, 0, 0
+    view = byte_view(arr)
+    if direct is not None and len(view) >= ALIGNMENT[0]:
+        head = (-arr.ctypes.data) % BLOCK
+        if (offset + head) % BLOCK == 0:
+            end = head + (len(view) - head) // BLOCK * BLOCK
+            crc = _write(fd, view[:head], offset, 0)
+            crc, done = _write_direct(direct, view[head:end], offset + head, crc)
+            return _write(fd, view[head + done:], offset + head + done, crc)
+    return _write(fd, view, offset, 0)
+
+
+def _write(fd: int, view: memoryview, offset: int, crc: int) -> int:
+    done = flushed = 0
     while done < len(view):
         chunk = view[done:done + CHUNK]
         n = 0
@@ -91,6 +108,37 @@ def write_at(fd: int, arr: np.ndarray, offset: int) -> int:
             start_writeback(fd, offset + flushed, done - flushed)
             flushed = done
     return crc
+
+
+def _write_direct(fd: int, view: memoryview, offset: int, crc: int) -> tuple:
+    """(CRC-32, bytes written) of a block-aligned stretch written with direct I/O; stops early, leaving the
+    rest to a buffered write, when the file system refuses direct writes (EINVAL). Other errors raise."""
+    done = 0
+    while done < len(view):
+        chunk = view[done:done + DIRECT_CHUNK]
+        try:
+            got = os.pwrite(fd, chunk, offset + done)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            return crc, done
+        got -= got % BLOCK
+        crc = crc32(chunk[:got], crc)
+        done += got
+        if got < len(chunk):
+            return crc, done
+    return crc, done
+
+
+def open_direct_write(path):
+    """A file (created already) opened again for direct writes, or None where the file system has none."""
+    flag = getattr(os, "O_DIRECT", None)
+    if flag is None:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError:
+        return None
 
 
 def prefetch(fd: int, offset: int, nbytes: int) -> None:
