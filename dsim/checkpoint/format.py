@@ -71,7 +71,7 @@ class Deferred(NamedTuple):
         return _DeferredFlags
 
     def materialize(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
+        out = aligned.empty(self.shape, self.dtype)  # written with direct I/O
         self.fill(out)
         return out
 
