@@ -193,7 +193,7 @@ def test_a_cold_file_is_read_with_direct_io_into_aligned_arrays(tmp_path, shift)
     evict(tmp_path / "x.h5")
     fd = os.open(tmp_path / "x.h5", os.O_RDONLY)
     try:
-        direct = tensor_io.open_direct(tmp_path / "x.h5", fd)
+        direct = tensor_io.open_direct_read(tmp_path / "x.h5", fd)
         assert direct is not None or not hasattr(os, "O_DIRECT") or _no_direct_io(tmp_path)
     finally:
         os.close(fd)
@@ -219,7 +219,7 @@ def test_a_file_in_the_page_cache_is_read_from_there(tmp_path):
     fd = os.open(tmp_path / "x.h5", os.O_RDONLY)
     try:
         os.read(fd, os.fstat(fd).st_size)
-        assert tensor_io.cached_fraction(fd) == 1.0 and tensor_io.open_direct(tmp_path / "x.h5", fd) is None
+        assert tensor_io.cached_fraction(fd) == 1.0 and tensor_io.open_direct_read(tmp_path / "x.h5", fd) is None
         evict(tmp_path / "x.h5")
         assert tensor_io.cached_fraction(fd) < 0.5
     finally:

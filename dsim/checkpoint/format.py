@@ -383,7 +383,7 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
     try:
         with f:
             fd = os.open(path, os.O_RDONLY)
-            direct = tensor_io.open_direct(path, fd)  # None: read through the page cache
+            direct = tensor_io.open_direct_read(path, fd)  # None: read through the page cache
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
             found = {(kind, name): ds for kind in ("params", "optimizer", "append_info")

@@ -34,7 +34,6 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the s
 
 CHUNK = 1 << 21  # 2 MiB: large enough for few system calls, small enough to stay in cache for the CRC
 WRITEBACK = 1 << 24  # start the disk writing every 16 MiB, while the next bytes are copied and checksummed
-DIRECT_CHUNK = 1 << 23  # 8 MiB: direct reads bypass the cache anyway; larger requests keep the disk busier
 DIRECT_CHUNK = 1 << 23  # 8 MiB: direct I/O bypasses the cache anyway; larger requests keep the disk busier
 BLOCK = mmap.PAGESIZE  # direct I/O's unit (a multiple of any disk's logical block size)
 ALIGNMENT = (1 << 18, BLOCK)  # datasets of 256 KiB or more start at a page boundary of their file (HDF5's
@@ -85,14 +84,23 @@ def write_at(fd: int, arr: np.ndarray, offset: int, direct: int = None) -> int:
     the disk works while the CPU copies and checksums the rest, and the final fsync has little left to do.
     """
     view = byte_view(arr)
-    if direct is not None and len(view) >= ALIGNMENT[0]:
-        head = (-arr.ctypes.data) % BLOCK
-        if (offset + head) % BLOCK == 0:
-            end = head + (len(view) - head) // BLOCK * BLOCK
-            crc = _write(fd, view[:head], offset, 0)
-            crc, done = _write_direct(direct, view[head:end], offset + head, crc)
-            return _write(fd, view[head + done:], offset + head + done, crc)
-    return _write(fd, view, offset, 0)
+    span = _aligned_span(arr, len(view), offset) if direct is not None else None
+    if span is None:
+        return _write(fd, view, offset, 0)
+    head, end = span
+    crc = _write(fd, view[:head], offset, 0)
+    crc, done = _direct(os.pwrite, direct, view[head:end], offset + head, crc)
+    return _write(fd, view[head + done:], offset + head + done, crc)
+
+
+def _aligned_span(arr: np.ndarray, nbytes: int, offset: int):
+    """(head, end): the stretch [head, end) of arr's bytes lies at block boundaries both in memory and in
+    its file (at offset), and can move with direct I/O; None when there is none worth it."""
+    head = (-arr.ctypes.data) % BLOCK
+    if nbytes < ALIGNMENT[0] or (offset + head) % BLOCK:
+        return None
+    end = head + (nbytes - head) // BLOCK * BLOCK
+    return (head, end) if end > head else None
 
 
 def _write(fd: int, view: memoryview, offset: int, crc: int) -> int:
@@ -110,14 +118,15 @@ def _write(fd: int, view: memoryview, offset: int, crc: int) -> int:
     return crc
 
 
-def _write_direct(fd: int, view: memoryview, offset: int, crc: int) -> tuple:
-    """(CRC-32, bytes written) of a block-aligned stretch written with direct I/O; stops early, leaving the
-    rest to a buffered write, when the file system refuses direct writes (EINVAL). Other errors raise."""
+def _direct(move, fd: int, view: memoryview, offset: int, crc: int) -> tuple:
+    """(CRC-32, bytes moved) of a block-aligned stretch written or read (move: os.pwrite or _pread) with
+    direct I/O. Stops early, leaving the rest to buffered I/O, where the file system refuses direct I/O
+    (EINVAL) or at a short count (a read at the end of the file); other errors raise."""
     done = 0
     while done < len(view):
         chunk = view[done:done + DIRECT_CHUNK]
         try:
-            got = os.pwrite(fd, chunk, offset + done)
+            got = move(fd, chunk, offset + done)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
@@ -128,6 +137,10 @@ def _write_direct(fd: int, view: memoryview, offset: int, crc: int) -> tuple:
         if got < len(chunk):
             return crc, done
     return crc, done
+
+
+def _pread(fd: int, chunk: memoryview, offset: int) -> int:
+    return os.preadv(fd, [chunk], offset)
 
 
 def open_direct_write(path):
@@ -150,19 +163,18 @@ def prefetch(fd: int, offset: int, nbytes: int) -> None:
 def read_at(fd: int, out: np.ndarray, offset: int, direct: int = None) -> int:
     """Fill a C-contiguous array with the bytes at offset of fd; returns their CRC-32.
 
-    direct: the same file opened with O_DIRECT (open_direct), or None. The part of the array that lies at
+    direct: the same file opened with O_DIRECT (open_direct_read), or None. The part of the array that lies at
     block boundaries both in memory and in the file is read with it; the rest through fd.
     Raises EOFError when the file ends first (a truncated file).
     """
     view = byte_view(out)
-    if direct is not None and len(view) >= ALIGNMENT[0]:
-        head = (-out.ctypes.data) % BLOCK
-        if (offset + head) % BLOCK == 0:
-            end = head + (len(view) - head) // BLOCK * BLOCK
-            crc = _read(fd, view[:head], offset, 0)
-            crc, done = _read_direct(direct, view[head:end], offset + head, crc)
-            return _read(fd, view[head + done:], offset + head + done, crc)
-    return _read(fd, view, offset, 0)
+    span = _aligned_span(out, len(view), offset) if direct is not None else None
+    if span is None:
+        return _read(fd, view, offset, 0)
+    head, end = span
+    crc = _read(fd, view[:head], offset, 0)
+    crc, done = _direct(_pread, direct, view[head:end], offset + head, crc)
+    return _read(fd, view[head + done:], offset + head + done, crc)
 
 
 def _read(fd: int, view: memoryview, offset: int, crc: int) -> int:
@@ -180,25 +192,7 @@ def _read(fd: int, view: memoryview, offset: int, crc: int) -> int:
     return crc
 
 
-def _read_direct(fd: int, view: memoryview, offset: int, crc: int) -> tuple:
-    """(CRC-32, bytes read) of a block-aligned stretch read with direct I/O; stops early, leaving the rest to
-    a buffered read, at a short read (the file ends) or when the file system refuses direct reads."""
-    done = 0
-    while done < len(view):
-        chunk = view[done:done + DIRECT_CHUNK]
-        try:
-            got = os.preadv(fd, [chunk], offset + done)
-        except OSError:  # EINVAL: no direct I/O here after all
-            return crc, done
-        got -= got % BLOCK
-        crc = crc32(chunk[:got], crc)
-        done += got
-        if got < len(chunk):
-            return crc, done
-    return crc, done
-
-
-def open_direct(path, fd: int):
+def open_direct_read(path, fd: int):
     """The file opened again for direct reads, or None: where the file system has no direct I/O, or when
     most of the file (fd) is in the page cache already, so reading the disk again would be slower."""
     flag = getattr(os, "O_DIRECT", None)
