@@ -7,14 +7,16 @@ arrays the training holds: no intermediate copy, the GIL released by os.pwrite /
 computed on each chunk right after it moved, while it is still in the CPU's cache. The files stay plain
 HDF5: h5py and h5dump read them like any other.
 
-Loads from a file that is not in the page cache use direct I/O (O_DIRECT): the disk's bytes land in the
-array without the kernel copying them through its cache, a fraction of the CPU time of a buffered read
-(a 256 MiB file: 7.5 ms of CPU against 45-60 ms here), and CPU is what 8 ranks sharing 2 cores run out
-of. That needs the array and the file offset at block boundaries: large tensors are placed at page
-boundaries in the file (ALIGNMENT) and the model's and optimizer's arrays are page-aligned
-(dsim.aligned); whatever is not aligned (the ends of an array, small tensors, a file system without
-O_DIRECT) is read through the page cache as before. A file mostly in the page cache (just written) is
-read from there: a copy from memory beats reading the disk again.
+Where the file system has it, the bulk of each tensor moves with direct I/O (O_DIRECT): the bytes go
+between the array and the disk without the kernel copying them through its page cache. Saves lose the
+copy and the dirty pages the kernel must write back (8 ranks saving 2 GiB here: 2.3x faster than
+ndarray.tofile + fsync); loads spend a fraction of the CPU of a buffered read (a 256 MiB file: 7.5 ms of
+CPU against 45-60 ms), and CPU is what 8 ranks sharing 2 cores run out of. Durability is unchanged: the
+file is fsync'd before it is renamed into place. Direct I/O needs the array and the file offset at block
+boundaries: large tensors are placed at page boundaries in the file (ALIGNMENT) and the model's and
+optimizer's arrays are page-aligned (dsim.aligned); whatever is not aligned (the ends of an array, small
+tensors, a file system without O_DIRECT) goes through the page cache as before. A file mostly in the
+page cache already is read from there: a copy from memory beats reading the disk again.
 """
 from __future__ import annotations
 
