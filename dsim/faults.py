@@ -54,9 +54,10 @@ def corrupt(optimizer, seed: int) -> list:
     hit = arrays[::2]
     for _, arr in hit:
         garble(arr, rng)
+    names = [name for name, _ in hit]
     if hasattr(optimizer, "invalidate"):
-        optimizer.invalidate()
-    return [name for name, _ in hit]
+        optimizer.invalidate(names)
+    return names
 
 
 GARBAGE_BLOCK = 1 << 16  # bytes of random garbage, repeated over a damaged buffer

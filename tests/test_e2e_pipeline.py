@@ -15,10 +15,12 @@ PIPELINE = ["-m", "dsim.train", *OPTS, *LAYOUTS["pp4xdp2"]]
 
 def test_pipeline_run_and_its_stages(ft_reference, tmp_path):
     """The header names the layout; inspect shows which ranks hold which layers; the loss equals the one of the
-    same model without stages (to the printed digits: the micro-batch sums differ in the last bits)."""
+    same model without stages to within one unit of the last printed digit (the micro-batch sums differ in the
+    last bits, which can carry the rounding of the sixth decimal either way: seen here at step 2)."""
     losses, ckpt = ft_reference("pp4xdp2")
     flat, _ = ft_reference("dp2xmp4")
-    assert losses == flat
+    assert [(e, s) for e, s, _ in losses] == [(e, s) for e, s, _ in flat]
+    assert all(abs(float(a) - float(b)) <= 1.5e-6 for (_, _, a), (_, _, b) in zip(losses, flat)), (losses, flat)
     listing = mpirun(1, ["-m", "dsim.inspect", str(ckpt)], cwd=tmp_path, check=0).stdout
     assert "pp=4 dp=2 mp=1 k=1" in listing
     for line in ("pipeline stage 0: ranks 0-1: layer1, layer2 (3 parameters)",

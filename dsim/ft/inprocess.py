@@ -182,20 +182,26 @@ def describe(failed, damaged) -> str:
 def exchange(groups, writers: dict, optimizer, step: int) -> None:
     """Ranks that lack `step`'s state get fresh buffers and receive their owned slices from their writer.
 
-    The others roll back to `step` (it is one of their states) and send. Arrays go in the order of
+    The others roll back to `step` (it is one of their states) and send. A rank whose memory failed outside
+    an update keeps the buffers the error did not hit (OptTFTWrapper.intact) and receives only the others:
+    each receiver first tells its writer which arrays it needs. Arrays go in the order of
     OptTFTWrapper.owned_arrays, which replicas share, one message each (no pickling).
     """
     comm, me = groups.world, groups.world.rank
     requests = []
     if writers.get(me, me) == me:
         optimizer.restore(step)
+        owned = [arr for _, arr in optimizer.owned_arrays()]
         for r, w in sorted(writers.items()):
             if w == me and r != me:
-                for i, (_, arr) in enumerate(optimizer.owned_arrays()):
-                    requests.append(comm.Isend(np.ascontiguousarray(arr), dest=r, tag=TAG + i))
+                for i in comm.recv(source=r, tag=TAG - 1):
+                    requests.append(comm.Isend(np.ascontiguousarray(owned[i]), dest=r, tag=TAG + i))
     else:
-        optimizer.reallocate()
-        for i, (_, arr) in enumerate(optimizer.owned_arrays()):
+        keep = optimizer.intact(step)
+        optimizer.reallocate(keep)
+        needed = [(i, arr) for i, (name, arr) in enumerate(optimizer.owned_arrays()) if name not in keep]
+        comm.send([i for i, _ in needed], dest=writers[me], tag=TAG - 1)
+        for i, arr in needed:
             if arr.flags.c_contiguous:   # straight into the new buffer
                 comm.Recv(arr, source=writers[me], tag=TAG + i)
             else:

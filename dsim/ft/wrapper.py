@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import aligned
+
 NOT_STARTED, IN_PROGRESS, DONE = "not started", "in progress", "done"
 
 
@@ -22,6 +24,7 @@ class OptTFTWrapper:
         self.__dict__["previous"] = None        # name -> array: owned state after step previous_step (made once)
         self.__dict__["previous_step"] = None   # None: the copy holds nothing to offer
         self.__dict__["damaged"] = False        # a memory error (UCE) made every copy untrustworthy
+        self.__dict__["hit"] = None             # the names of the buffers it damaged (None: unknown, all)
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
@@ -62,22 +65,36 @@ class OptTFTWrapper:
             out[self.optimizer.global_step] = dict(self.owned_arrays())
         return out
 
-    def invalidate(self) -> None:
-        """After an uncorrectable memory error: nothing this rank holds may be offered or saved."""
+    def invalidate(self, hit=None) -> None:
+        """After an uncorrectable memory error: nothing this rank holds may be offered or saved.
+
+        hit: the names of the owned buffers the error damaged (as the hardware reports the failing
+        addresses); None when unknown, i.e. every buffer.
+        """
         self._discard_copy()
-        self.__dict__.update(damaged=True)
+        self.__dict__.update(damaged=True, hit=None if hit is None else set(hit))
 
     def _discard_copy(self) -> None:
         """Forget the copy from before the update; its buffers hold the next copy (no fresh pages)."""
         self.__dict__["previous_step"] = None
 
-    def reallocate(self) -> None:
-        """"Clean" a damaged rank: throw its parameter and optimizer-state buffers away for new ones."""
+    def intact(self, step: int) -> set:
+        """Names of the owned buffers that still hold `step`'s state after a memory error: those it did not
+        hit, when the error struck outside an update and the counter is at `step` (else none)."""
+        if self.hit is None or self.phase == IN_PROGRESS or self.optimizer.global_step != step:
+            return set()
+        return {name for name, _ in self.owned_arrays()} - self.hit
+
+    def reallocate(self, keep=()) -> None:
+        """"Clean" a damaged rank: throw its parameter and optimizer-state buffers away for new ones, but
+        those named in keep (intact: they hold the state being restored)."""
         for p in self.optimizer.params:
-            p.data = np.empty_like(p.data)
-        for slot in self.optimizer.state.values():
-            for name in slot:
-                slot[name] = np.empty_like(slot[name])
+            if p.name not in keep:
+                p.data = aligned.empty(p.data.shape, p.data.dtype)
+        for slot, arrays in self.optimizer.state.items():
+            for name, arr in arrays.items():
+                if f"{slot}.{name}" not in keep:  # named as state_items names them
+                    arrays[name] = aligned.empty(arr.shape, arr.dtype)
         self._discard_copy()
         self.__dict__.update(damaged=True, phase=NOT_STARTED)  # empty until received
 
@@ -85,7 +102,7 @@ class OptTFTWrapper:
         """The owned slices now hold `step`'s state, sent by a replica."""
         self.optimizer.global_step = step
         self._discard_copy()
-        self.__dict__.update(damaged=False, phase=NOT_STARTED)
+        self.__dict__.update(damaged=False, hit=None, phase=NOT_STARTED)
 
     def restore(self, step: int) -> None:
         """Make the owned slices those of `step` (one of states()); the update of step + 1 is not started."""
