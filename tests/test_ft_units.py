@@ -12,6 +12,7 @@ from dsim.config import ConfigError, TFTConfig, apply_tft_env
 from dsim.engine import build_run
 from dsim.faults import corrupt
 from dsim.ft.last_gasp import plan
+from dsim import aligned
 from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper
 from dsim.parallel.layout import ParallelLayout
 
@@ -117,6 +118,38 @@ def test_a_uce_damages_buffers_and_the_rank_offers_nothing_until_it_receives(wra
     opt.reallocate()
     opt.received(4)
     assert opt.global_step == 4 and sorted(opt.states()) == [4]
+
+
+def test_a_uce_outside_an_update_keeps_the_buffers_it_did_not_hit(wrapped):
+    """Only the hit buffers get new memory and are received; the others hold the agreed step already."""
+    opt = wrapped.optimizer
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+    opt.apply()                                  # step 1 done; a UCE strikes in step 2's forward
+    hit = corrupt(opt, seed=5)
+    names = [n for n, _ in opt.owned_arrays()]
+    assert 0 < len(hit) < len(names) and opt.intact(1) == set(names) - set(hit)
+    assert opt.intact(0) == set()                # another step than the one the buffers hold: none
+    old = dict(opt.owned_arrays())
+    opt.reallocate(opt.intact(1))
+    for n, arr in opt.owned_arrays():
+        assert np.shares_memory(arr, old[n]) == (n not in hit)
+        assert n not in hit or aligned.is_aligned(arr)
+    opt.received(1)
+    assert opt.hit is None and sorted(opt.states()) == [1]
+
+
+def test_a_uce_inside_an_update_keeps_nothing(wrapped):
+    opt = wrapped.optimizer
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+
+    def uce():
+        corrupt(opt, seed=5)
+        raise RuntimeError("UCE")
+    with pytest.raises(RuntimeError):
+        opt.apply(halfway=uce)
+    assert opt.intact(0) == set() and opt.intact(1) == set()
 
 
 def test_after_a_uce_the_copy_before_an_update_reuses_the_old_copy_s_buffers(wrapped):
