@@ -1,11 +1,11 @@
-"""Page-aligned arrays: what a checkpoint load reads into with direct I/O (O_DIRECT), no bounce buffer.
+"""Page-aligned arrays: what checkpoints write from and read into with direct I/O (O_DIRECT).
 
-Direct I/O moves a file's bytes from the disk into the process's memory without the page cache's copy,
-but only between addresses, file offsets and lengths that are multiples of the disk's block size. numpy's
-large arrays start 16 bytes past a page boundary (malloc's header), so the arrays a run trains in place
-(parameters, optimizer state) are made here, at a page boundary; checkpoint files place their large
-tensors at page boundaries too (dsim.checkpoint.format). An array made elsewhere still loads, through the
-page cache.
+Direct I/O moves bytes between the process's memory and the disk without the page cache's copy, but only
+between addresses, file offsets and lengths that are multiples of the disk's block size. numpy's large
+arrays start 16 bytes past a page boundary (malloc's header), so the arrays a run trains in place
+(parameters, optimizer state) and the async save's snapshot are made here, at a page boundary; checkpoint
+files place their large tensors at page boundaries too (dsim.checkpoint.format). An array made elsewhere
+still saves and loads, through the page cache.
 """
 from __future__ import annotations
 
