@@ -1,5 +1,6 @@
 """Fault tolerance's pure parts: the survivors' plan, OptTFTWrapper's states, MS_ENABLE_TFT, UCE damage."""
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -7,12 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import small_config
+from dsim import aligned
 from dsim.checkpoint.group_info import replica_sets
 from dsim.config import ConfigError, TFTConfig, apply_tft_env
 from dsim.engine import build_run
 from dsim.faults import corrupt
 from dsim.ft.last_gasp import plan
-from dsim import aligned
 from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper
 from dsim.parallel.layout import ParallelLayout
 
@@ -150,6 +151,21 @@ def test_a_uce_inside_an_update_keeps_nothing(wrapped):
     with pytest.raises(RuntimeError):
         opt.apply(halfway=uce)
     assert opt.intact(0) == set() and opt.intact(1) == set()
+
+
+def test_an_update_waits_for_a_reader_of_the_arrays(wrapped):
+    """An async save's snapshot copy runs beside the next forward and backward; the update waits for it."""
+    opt = wrapped.optimizer
+    for p in opt.params:
+        p.grad = np.ones_like(p.data)
+    copied = threading.Event()
+    opt.hold_until(copied)
+    timer = threading.Timer(0.3, copied.set)
+    timer.start()
+    opt.apply()
+    assert copied.is_set() and opt.global_step == 1   # it did not update before the copy was done
+    opt.apply()                                        # held once: the next update does not wait
+    assert opt.global_step == 2
 
 
 def test_after_a_uce_the_copy_before_an_update_reuses_the_old_copy_s_buffers(wrapped):

@@ -269,3 +269,19 @@ def test_a_file_system_refusing_direct_writes_gets_buffered_ones(tmp_path, monke
         os.close(fd)
         os.close(direct)
     assert (tmp_path / "x.bin").read_bytes() == data.tobytes()
+
+
+def test_the_background_write_copies_the_snapshot_first_and_says_so(tmp_path):
+    """The thread copies the live arrays into the snapshot, sets `copied`, then writes: what changes in the
+    live arrays after `copied` is not in the file."""
+    ts = tensors()
+    original = {t.name: t.data.copy() for t in ts}
+    planned, copies = Snapshot().plan(ts)
+    assert all(not np.shares_memory(p.data, t.data) for p, t in zip(planned, ts))
+    w = BackgroundWrite(lambda check: write_file(tmp_path / "x.h5", META, planned, {}, after_each=check), copies)
+    assert w.copied.wait(30)
+    for t in ts:
+        t.data[...] = 0                        # the next update, once the copy is done
+    assert w.wait()[1] is None
+    shard = read_file(tmp_path / "x.h5")
+    assert all(shard.tensors[n].data.tobytes() == a.tobytes() for n, a in original.items())

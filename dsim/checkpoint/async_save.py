@@ -1,8 +1,10 @@
 """Async save (`checkpoint.async_save: true`, MindSpore's CheckpointConfig(async_save=True)).
 
-The step that triggers a save only copies the state into a snapshot buffer allocated once and reused
-(`Snapshot`, the host-side analogue of a pinned staging buffer); a thread then writes and fsyncs the file
-from it (`BackgroundWrite`) while training goes on. The thread makes no MPI call (dsim's MPI is not
+The step that triggers a save only starts a thread (`BackgroundWrite`): it copies the state into a
+snapshot buffer allocated once and reused (`Snapshot`, the host-side analogue of a pinned staging buffer),
+then writes and fsyncs the file from it, while training goes on. The forward and backward of the next step
+only read the parameters; its optimizer update, the first write to them, waits until the copy is done
+(`Optimizer.hold_until`), so the snapshot is the saved step's state exactly. The thread makes no MPI call (dsim's MPI is not
 initialised for threads calling collectives). The commit protocol stays on the main thread, in
 ModelCheckpoint:
 1. (all ranks) at the save's step: wait for the previous background save and commit it, snapshot, start the thread;
@@ -39,27 +41,43 @@ class Snapshot:
 
     def take(self, tensors) -> list:
         """Copies of tensors into the reused buffers (new ones only for a new name, shape or dtype)."""
-        out = []
+        out, copies = self.plan(tensors)
+        for dst, src in copies:
+            np.copyto(dst, src)
+        return out
+
+    def plan(self, tensors) -> tuple:
+        """(tensors on the reused buffers, [(buffer, live array)] still to copy): take() without the copies."""
+        out, copies = [], []
         for t in tensors:
             buf = self.buffers.get(t.name)
             if buf is None or buf.shape != t.data.shape or buf.dtype != t.data.dtype:
                 buf = self.buffers[t.name] = aligned.empty(t.data.shape, t.data.dtype)  # written with direct I/O
-            np.copyto(buf, t.data)
+            copies.append((buf, t.data))
             out.append(Tensor(t.kind, t.name, t.global_shape, t.where, buf, t.split, t.opt_sharded))
-        return out
+        return out, copies
 
 
 class BackgroundWrite:
-    """write(check) run by a thread; `check()` (called by write between tensors) raises once abandoned."""
+    """A thread: the copies [(snapshot buffer, live array)] first (then `copied` is set, also when it fails or is
+    abandoned), then write(check); `check()` (called between copies and by write between tensors) raises once
+    abandoned."""
 
-    def __init__(self, write):
+    def __init__(self, write, copies=()):
         self.result = self.error = None
         self._abandon = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(write,), name="dsim-async-save")
+        self.copied = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(write, list(copies)), name="dsim-async-save")
         self._thread.start()
 
-    def _run(self, write):
+    def _run(self, write, copies):
         try:
+            try:
+                for dst, src in copies:
+                    self._check()
+                    np.copyto(dst, src)  # releases the GIL: the next step's forward runs beside it
+            finally:
+                self.copied.set()
             self.result = write(self._check)
         except BaseException as e:  # noqa: BLE001 - reported on the main thread, as a sync save's error
             self.error = e

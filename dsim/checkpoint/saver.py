@@ -306,11 +306,13 @@ class ModelCheckpoint(Callback):
                 if rank == 0:  # full tensors are new arrays: they are the snapshot
                     whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
                                     t.global_shape), full[t.name], t.split, False) for t in tensors]
-            elif self.config.async_save:
-                whole = self.snapshot.take(tensors)
+            copies = ()
+            if self.config.async_save and not self.config.integrated_save:
+                whole, copies = self.snapshot.plan(tensors)  # copied by the thread, before the next update
             if whole is not None and self.config.async_save:
                 pending.writer = BackgroundWrite(
-                    lambda check: write_file(path, meta, whole, append, half, after_each=check))
+                    lambda check: write_file(path, meta, whole, append, half, after_each=check), copies)
+                cb.optimizer.hold_until(pending.writer.copied)
             elif whole is not None:
                 written = write_file(path, meta, whole, append, half)
         except Exception as e:  # every rank must learn of it, or the others wait forever

@@ -31,6 +31,7 @@ class Optimizer:
         self.weight_decay = weight_decay
         self.global_step = 0
         self._scratch = {}  # dtype -> two CHUNK-sized temporaries
+        self._holds = []    # events to wait for before the next update changes the arrays (hold_until)
         self.bind(params)
 
     def bind(self, params) -> None:
@@ -42,6 +43,11 @@ class Optimizer:
         self.params = list(params)
         self.state = {slot: {p.name: aligned.zeros(p.owned.extents, p.data.dtype) for p in self.params}
                       for slot in self.slots}
+
+    def hold_until(self, event) -> None:
+        """The next update waits until event is set: something reads the owned arrays meanwhile (an async
+        save copying them into its snapshot while the next step's forward and backward run)."""
+        self._holds.append(event)
 
     def current_lr(self) -> float:
         return self.learning_rate(self.global_step)
@@ -56,6 +62,8 @@ class Optimizer:
 
         `halfway`, if given, is called after half the parameters are updated (a fault point).
         """
+        while self._holds:  # a reader of the arrays not done yet (an async save's snapshot copy)
+            self._holds.pop().wait()
         lr = self.current_lr()
         for i, p in enumerate(self.params):
             if halfway is not None and i == len(self.params) // 2:
