@@ -21,6 +21,13 @@ LAYOUTS = {"dp2xmp4": [], "dp4xmp2k2": ["--set", "parallel.model_parallel=2", "-
 LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 
 
+def redone_once(losses: list) -> list:
+    """Loss lines with a step that was redone after an in-job repair counted once: rank 0 may have finished
+    (and printed) the step before the survivors agreed to go back before it; the redone step prints the same
+    line again (bit-identical), right after. A redone step whose loss differed would stay twice."""
+    return [x for i, x in enumerate(losses) if i == 0 or x != losses[i - 1]]
+
+
 def fault(kind, rank, at, step, *extra):
     return ["--set", f"fault.kind={kind}", "--set", f"fault.rank={rank}", "--set", f"fault.at={at}",
             "--set", f"fault.step={step}", *extra]

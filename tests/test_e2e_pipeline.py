@@ -7,7 +7,7 @@ shard of stage 0 taken from its replica at resume. Bad pipeline settings are one
 import pytest
 
 from conftest import dsim_cli, ROOT, mpirun
-from ftjob import LAYOUTS, LOSS, OPTS, error_lines, fault, final_state_equal
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, fault, final_state_equal, redone_once
 
 pytestmark = pytest.mark.e2e
 PIPELINE = ["-m", "dsim.train", *OPTS, *LAYOUTS["pp4xdp2"]]
@@ -62,7 +62,9 @@ def test_uce_on_a_last_stage_rank_is_repaired_in_the_job(ft_reference, tmp_path)
     proc = mpirun(8, [*PIPELINE, "--set", "tft.uce=true", *fault("uce", 7, "update", 12)], cwd=tmp_path, check=0,
                   ft=True)
     assert "repaired in the job: rank 7 from rank 6 (group info [6, 7])" in proc.stdout, proc.stdout
-    assert LOSS.findall(proc.stdout) == ref_losses
+    # rank 6 may be stopped in the world's share of the loss, before its update: then step 11 is agreed and
+    # step 12 redone, after rank 0 (stage 0) had finished and printed it (seen in CI-like runs); else step 12
+    assert redone_once(LOSS.findall(proc.stdout)) == ref_losses
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
 
 
