@@ -85,6 +85,10 @@ def summarize(params: dict, raw: dict) -> dict:
                 size = reps[0][0]["dsim"][f"{kind}_bytes"]
                 rows.append(row(f"{name}: {what} bandwidth / raw mpi4py Allreduce ({size / 2**20:.2f} MiB)", bw, "x",
                                 ">= 0.8x", sorted(bw)[len(bw) // 2] >= 0.8))
+                if f"{kind}_mpi_s" in reps[0][0]["dsim"]:   # the group sums through shared memory
+                    mpi = [_mean(r, f"{kind}_raw_s") / _mean(r, f"{kind}_mpi_s") for r in reps]
+                    f[f"{kind}_mpi_bandwidth_over_raw"] = mpi
+                    rows.append(row(f"{name}: the same through MPI (dsim without shared memory) / raw", mpi, "x"))
         measured = [r for r in reps if "peak_rss" in r[0]["dsim"]]   # the first repeat: a fresh process
         mem = [max(x["dsim"]["peak_rss"] / x["dsim"]["state_bytes"] for x in r) for r in measured]
         f["peak_rss_over_state"] = mem

@@ -9,7 +9,8 @@ torch.set_num_threads(1) as every dsim rank has one BLAS thread; DistributedData
 the same ranks when there are several). Time per step leaves out the first two steps (warm-up).
 
 dsim's step is split, per rank, into
-- collectives: time inside MPI calls during the steps (the communicators are wrapped by a timer);
+- collectives: time inside MPI calls during the steps (the communicators are wrapped by a timer), and
+  inside the sums through shared memory where a group has them (dsim.parallel.shared);
 - matrix products: every Dense layer's products of one step (forward x @ W, the weight gradient, the
   input gradient) on this rank's slice shapes, timed alone in the same process (a floor);
 - the optimizer update (elementwise, in place; bound by memory bandwidth), timed in the step;
@@ -36,7 +37,8 @@ from dsim.engine import build_run
 from dsim.engine.callbacks import Callback
 from dsim.nn.layers import Dense
 from dsim.nn.network import ARCHITECTURES
-from dsim.parallel.groups import allreduce_sum
+from dsim.parallel import shared
+from dsim.parallel.groups import allreduce_sum, sum_chunks
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMED = {"Alltoallv", "Allgatherv", "Allgather", "Allreduce", "Alltoall", "allreduce", "allgather", "Bcast"}
@@ -61,14 +63,18 @@ class TimedComm:
         attr = getattr(self._comm, name)
         if name not in TIMED:
             return attr
+        return timed_call(attr, self._clock)
 
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                self._clock["s"] += time.perf_counter() - t
-        return timed
+
+def timed_call(fn, clock: dict):
+    """fn, adding the time of every call to clock["s"]."""
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock["s"] += time.perf_counter() - t
+    return timed
 
 
 def median_time(fn, repeats=5) -> float:
@@ -126,7 +132,13 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     state_bytes += sum(arr.nbytes for _, _, arr in run.optimizer.state_items())
     clock, coll, upd = StepClock(), {"s": 0.0}, {"s": 0.0}
     g = run.groups
+    # sums through shared memory (dsim.parallel.shared) are collectives too; their barriers go to the
+    # communicators themselves, not through the timer
+    mp_shared, dp_shared = shared.of(g.mp), run.model.buckets.shared   # (the buckets are made here)
     g.dp, g.mp, g.shard = (TimedComm(c, coll) for c in (g.dp, g.mp, g.shard))
+    for sums in (mp_shared, dp_shared):
+        if sums is not None:
+            sums.sum = timed_call(sums.sum, coll)
     apply = run.optimizer.apply
 
     def timed_apply(*args, **kwargs):
@@ -161,24 +173,41 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
 
 
 def bandwidth(run, g) -> dict:
-    """dsim's reductions beside raw mpi4py Allreduce calls on the same bytes (seconds, medians)."""
+    """dsim's reductions beside raw mpi4py Allreduce calls on the same bytes (seconds, medians). Where a group
+    sums through shared memory (dsim.parallel.shared), dsim's MPI path is timed beside them too (*_mpi_s)."""
     out = {}
     dp, mp = g.dp._comm, g.mp._comm
     if dp.size > 1:
         buckets = run.model.buckets
         raw = np.ones_like(buckets.flat)
-        dp.Barrier()
-        out["dp_dsim_s"] = median_time(lambda: (dp.Barrier(), buckets.allreduce(dp)), 3)
-        out["dp_raw_s"] = median_time(lambda: (dp.Barrier(), dp.Allreduce(MPI.IN_PLACE, raw)), 3)
-        out["dp_bytes"] = buckets.flat.nbytes
+        calls = {"dp_dsim_s": lambda: buckets.allreduce(dp), "dp_raw_s": lambda: dp.Allreduce(MPI.IN_PLACE, raw)}
+        if buckets.shared is not None:
+            calls["dp_mpi_s"] = lambda: buckets.allreduce(dp, through_mpi=True)
+        out.update(side_by_side(g.world, calls, 5), dp_bytes=buckets.flat.nbytes)
     if mp.size > 1:
         widest = max(layer.out_features for layer in run.network.layers if isinstance(layer, Dense))
         act = np.ones((run.model.global_batch_size // run.groups.layout.data_parallel, widest), dtype=np.float32)
         raw = act.copy()
-        out["mp_dsim_s"] = median_time(lambda: (mp.Barrier(), allreduce_sum(mp, act, inplace=True)), 9)  # as the layers do
-        out["mp_raw_s"] = median_time(lambda: (mp.Barrier(), mp.Allreduce(MPI.IN_PLACE, raw)), 9)
-        out["mp_bytes"] = act.nbytes
+        calls = {"mp_dsim_s": lambda: allreduce_sum(mp, act, inplace=True),   # as the layers call it
+                 "mp_raw_s": lambda: mp.Allreduce(MPI.IN_PLACE, raw)}
+        if shared.of(mp) is not None:
+            flat, receive = act.reshape(-1), np.empty(act.size, act.dtype)
+            calls["mp_mpi_s"] = lambda: sum_chunks(mp, flat, flat, lambda n: receive[:n])
+        out.update(side_by_side(g.world, calls, 41), mp_bytes=act.nbytes)
     return out
+
+
+def side_by_side(world, calls: dict, repeats: int) -> dict:
+    """Median seconds of each call, made in turn (the order rotating each round), every rank of the job
+    starting each call together: every group does the same at the same time, on a shared machine too."""
+    names, times = list(calls), {name: [] for name in calls}
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            world.Barrier()
+            t = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - t)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def torch_once(comm, cfg, steps: int, port: int) -> dict:

@@ -5,6 +5,9 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # More ranks than cores is the normal case here: oversubscribe, and yield when idle.
 export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 export OMPI_MCA_mpi_yield_when_idle=1
+# Shared-memory windows (dsim.parallel.shared) through the sm component: without a UCX device, the ucx
+# component prints an error line on every rank when a window is made.
+export OMPI_MCA_osc=^ucx
 # One BLAS thread per rank: ranks are the parallelism.
 export OMP_NUM_THREADS=1
 export OPENBLAS_NUM_THREADS=1

@@ -4,11 +4,15 @@ Reductions are deterministic and bit-identical on every rank of a group by const
 sums one chunk of the buffer over all contributions in group order (an all-to-all, i.e. a
 reduce-scatter), and the reduced chunks are then all-gathered. Replicas therefore hold identical bits,
 which is what lets a rank be repaired from its replica, and reruns of a layout are bit-identical.
+A group on one node sums through shared memory instead (dsim.parallel.shared): the same operations in
+the same order, so the same bits.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import shared
+from .chunks import chunk_bounds
 from .layout import ParallelLayout
 
 
@@ -30,19 +34,12 @@ class Groups:
         self.dp = _split(comm, layout.dp_group)
         self.mp = _split(comm, layout.mp_group)
         self.shard = _split(comm, layout.shard_group)
+        for c in (self.dp, self.mp):   # gradients' and activations' sums through shared memory where possible
+            shared.attach(c)
 
     def free(self):
         for c in (self.dp, self.mp, self.shard):
             c.Free()
-
-
-def chunk_bounds(n: int, parts: int) -> list[int]:
-    """Boundaries that cut n items into `parts` near-equal contiguous chunks."""
-    base, extra = divmod(n, parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + base + (1 if i < extra else 0))
-    return bounds
 
 
 _watched = None  # the world of a fault-tolerant run, during a step (Model.train_step sets it)
@@ -76,8 +73,12 @@ def allreduce_sum(comm, x: np.ndarray, between=None, inplace: bool = False) -> n
         return x if inplace else np.array(x, copy=True)
     flat = np.ascontiguousarray(x).reshape(-1)
     out = flat if inplace else np.empty_like(flat)
-    sum_chunks(comm, flat, out, lambda n: _receive_buffer(flat.dtype, n), between)
-    return out.reshape(np.shape(x))
+    group = shared.of(comm) if flat.nbytes <= shared.MAX_BYTES else None
+    if group is not None:
+        group.sum(flat, out, between)
+    else:
+        sum_chunks(comm, flat, out, lambda n: _receive_buffer(flat.dtype, n), between)
+    return out.reshape(x.shape)
 
 
 def sum_chunks(comm, src: np.ndarray, out: np.ndarray, receive, between=None) -> None:
@@ -161,3 +162,4 @@ def gather_full(comm, pieces) -> dict:
                 out[name] = np.zeros(shape, dtype=arr.dtype)
             out[name][where.index] = arr
     return out
+

@@ -1,0 +1,110 @@
+"""Group sums through shared memory (dsim.parallel.shared) over real ranks: the same bits as the MPI path.
+
+    mpirun -n 8 python -m mpi4py -m pytest --with-mpi -m mpi tests/test_shared_mpi.py
+"""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from dsim.parallel import shared
+from dsim.parallel.buckets import GradientBuckets
+from dsim.parallel.groups import allreduce_sum, sum_chunks
+from test_buckets_mpi import _P
+from test_parallel_equivalence import agree
+
+
+def group_order_sum(comm, x):
+    """Every rank's x summed ((x0 + x1) + x2) + ... in group order, from an allgather (independent of dsim)."""
+    every = comm.allgather(x)
+    out = np.add(every[0], every[1])
+    for other in every[2:]:
+        out += other
+    return out
+
+
+def split(size):
+    world = MPI.COMM_WORLD
+    return world, world.Split(color=int(world.rank < size), key=world.rank)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+def test_small_sums_through_shared_memory_are_the_group_order_sums(size):
+    """Many calls in a row (the two halves of each slot alternate, the window grows), in place or not, with
+    sizes that the group's size divides or not, float32 and float64: every result is the group-order sum
+    bit for bit and the MPI path's result, and `between` runs once per call."""
+    world, comm = split(size)
+    ok, why = True, ""
+    if world.rank < size:
+        group = shared.attach(comm)
+        ok = group is not None and shared.of(comm) is group
+        rng = np.random.default_rng(3 + comm.rank)
+        for n in [1, 5, 24, 1001, 4096, 81920, 40000, 300001, 7]:
+            for dtype in (np.float32, np.float64):
+                x = (rng.standard_normal(n) * 10.0 ** comm.rank).astype(dtype)
+                expect = group_order_sum(comm, x)
+                calls = []
+                got = allreduce_sum(comm, x, between=lambda: calls.append(1))
+                inplace = x.copy()
+                same = allreduce_sum(comm, inplace, inplace=True)
+                through_mpi = x.copy()
+                sum_chunks(comm, x, through_mpi, lambda m: np.empty(m, dtype))
+                bits = expect.view(np.uint8)
+                ok = ok and calls == [1] and np.shares_memory(same, inplace) and all(
+                    np.array_equal(a.view(np.uint8), bits) for a in (got, same, through_mpi))
+                why = f"rank {world.rank}: size={size} n={n} {np.dtype(dtype).name}"
+                if not ok:
+                    break
+            if not ok:
+                break
+    comm.Free()
+    agree(world, ok, why)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("size", [2, 3, 8])
+def test_gradient_buffer_in_shared_memory_sums_in_place_as_through_mpi(size):
+    """GradientBuckets given the group's SharedGroup: its buffer is in the window (every gradient a view of it),
+    starts at zero, and three steps of reductions give the MPI path's bits, with `between` once per step."""
+    world, comm = split(size)
+    ok, why = True, ""
+    if world.rank < size:
+        group = shared.attach(comm)
+        rng = np.random.default_rng(11 + comm.rank)
+        shapes = [(7, 5), (3,), (64, 33), (1,)]
+        params = [_P(np.zeros(s, np.float32)) for s in shapes]
+        buckets = GradientBuckets(params, np.float32, group=group)
+        mpi = GradientBuckets([_P(np.zeros(s, np.float32)) for s in shapes], np.float32)
+        ok = buckets.shared is not None and np.shares_memory(buckets.flat, buckets.shared.array) and \
+            not buckets.flat.any() and all(np.shares_memory(p.grad, buckets.flat) for p in params)
+        for step in range(3):
+            for p in params:
+                p.grad[...] = rng.standard_normal(p.data.shape) * 10.0 ** comm.rank
+            buckets.loss[0] = comm.rank + step
+            mpi.flat[...] = buckets.flat
+            expect = group_order_sum(comm, buckets.flat.copy())
+            calls = []
+            buckets.allreduce(comm, between=lambda: calls.append(1))
+            mpi.allreduce(comm)
+            ok = ok and calls == [1] and np.array_equal(buckets.flat.view(np.uint32), expect.view(np.uint32)) and \
+                np.array_equal(mpi.flat.view(np.uint32), expect.view(np.uint32))
+        why = f"rank {world.rank}: size={size}"
+    comm.Free()
+    agree(world, ok, why)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_groups_sum_through_shared_memory_only_where_asked(monkeypatch):
+    """A run's dp and mp groups get a SharedGroup on one node; DSIM_SHARED_MEMORY=0 gives none (MPI only)."""
+    from dsim.parallel.groups import Groups
+    from dsim.parallel.layout import ParallelLayout
+    world = MPI.COMM_WORLD
+    layout = ParallelLayout(data_parallel=2, model_parallel=world.size // 2)
+    on = Groups(world, layout)
+    monkeypatch.setenv("DSIM_SHARED_MEMORY", "0")
+    off = Groups(world, layout)
+    ok = all(shared.of(c) is not None for c in (on.dp, on.mp) if c.size > 1) and shared.of(on.shard) is None and \
+        all(shared.of(c) is None for c in (off.dp, off.mp, off.shard))
+    on.free()
+    off.free()
+    agree(world, ok, f"rank {world.rank}")
