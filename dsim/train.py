@@ -48,7 +48,8 @@ def describe(run) -> str:
             + (f" micro_batch_num={p.micro_batch_num} ({p.pipeline_schedule})" if run.model.pipeline else "")
             + f"; {cfg.model.name} {run.network.describe()} {cfg.dtype}; {cfg.optimizer.name} lr={cfg.optimizer.learning_rate}; "
             f"{cfg.train.epochs} epoch(s) x {run.loader.get_dataset_size()} steps of global batch {cfg.data.batch_size}"
-            + (f"; {cfg.tft.spares} warm spare(s)" if cfg.tft.spares else ""))
+            + (f"; {cfg.tft.spares} warm spare(s)" if cfg.tft.spares else "")
+            + (f"; sums in shared memory: {', '.join(on)}" if (on := run.groups.shared_sums()) else ""))
 
 
 def main(argv=None) -> int:

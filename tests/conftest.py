@@ -43,15 +43,15 @@ def launch_env():
     return env
 
 
-def mpirun(n, args, cwd, timeout=180, check=None, ft=False):
+def mpirun(n, args, cwd, timeout=180, check=None, ft=False, env=None):
     """Run `mpirun -n N python -m ...args` in cwd, through dsim/ft/launcher.py as the launch scripts run it (a
     launcher stall stopped: exit 1; a launcher that failed to start started again); returns CompletedProcess.
 
-    ft=True runs it as the launch scripts do: with MPI fault tolerance (launch/ft.sh).
+    ft=True runs it as the launch scripts do: with MPI fault tolerance (launch/ft.sh). env: more variables.
     """
-    opts, env = [], None
+    opts, env = [], dict(env or {})
     if ft:
-        env = ft_env()
+        env.update(ft_env())
         opts = env.pop("DSIM_FT_MPIRUN_ARGS").split()
     return run_command([sys.executable, str(LAUNCHER), str(BIN / "mpirun"), *opts, "-n", str(n), sys.executable, *args],
                        cwd, timeout, check, env)

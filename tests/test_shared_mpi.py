@@ -108,3 +108,26 @@ def test_groups_sum_through_shared_memory_only_where_asked(monkeypatch):
     on.free()
     off.free()
     agree(world, ok, f"rank {world.rank}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_room_in_shared_memory_falls_back_to_mpi(monkeypatch):
+    """A node whose shared memory cannot hold the window (a container's small /dev/shm; here a missing one):
+    the gradient buffer stays private and sums go through MPI, with the same results."""
+    world, comm = split(4)
+    ok, why = True, ""
+    if world.rank < 4:
+        group = shared.attach(comm)
+        monkeypatch.setattr(shared, "SHM_DIR", "/nonexistent/shm")
+        params = [_P(np.zeros((5, 3), np.float32))]
+        buckets = GradientBuckets(params, np.float32, group=group)
+        x = np.random.default_rng(comm.rank).standard_normal(1000).astype(np.float32)
+        got = allreduce_sum(comm, x)
+        params[0].grad[...] = x[:15].reshape(5, 3)
+        buckets.allreduce(comm)
+        ok = buckets.shared is None and group._scratch is None and \
+            np.array_equal(got, group_order_sum(comm, x)) and \
+            np.array_equal(params[0].grad.reshape(-1), group_order_sum(comm, x[:15]))
+        why = f"rank {world.rank}"
+    comm.Free()
+    agree(world, ok, why)

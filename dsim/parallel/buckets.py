@@ -29,7 +29,7 @@ class GradientBuckets:
 
     def __init__(self, params, dtype, bucket_bytes: int = BUCKET_BYTES, group=None):
         """group: the data-parallel group's SharedGroup (dsim.parallel.shared), to keep the buffer in shared
-        memory (collective over it); None: private memory, reduced through MPI."""
+        memory (collective over it) where the node has room for it; None: private memory, reduced through MPI."""
         self.params = list(params)
         self.dtype = np.dtype(dtype)
         sizes = [int(np.prod(p.data.shape)) for p in self.params]

@@ -37,6 +37,10 @@ class Groups:
         for c in (self.dp, self.mp):   # gradients' and activations' sums through shared memory where possible
             shared.attach(c)
 
+    def shared_sums(self) -> list[str]:
+        """The groups that sum through shared memory (dsim.parallel.shared), by name."""
+        return [name for name in ("dp", "mp") if shared.of(getattr(self, name)) is not None]
+
     def free(self):
         for c in (self.dp, self.mp, self.shard):
             c.Free()
@@ -74,9 +78,7 @@ def allreduce_sum(comm, x: np.ndarray, between=None, inplace: bool = False) -> n
     flat = np.ascontiguousarray(x).reshape(-1)
     out = flat if inplace else np.empty_like(flat)
     group = shared.of(comm) if flat.nbytes <= shared.MAX_BYTES else None
-    if group is not None:
-        group.sum(flat, out, between)
-    else:
+    if group is None or not group.sum(flat, out, between):
         sum_chunks(comm, flat, out, lambda n: _receive_buffer(flat.dtype, n), between)
     return out.reshape(x.shape)
 

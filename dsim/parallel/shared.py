@@ -39,6 +39,10 @@ MAX_BYTES = 4 << 20
 # chunks a rank sums onto the same cache sets (measured: 0.36 against 0.18 ms per 0.31 MiB sum on 4 ranks).
 _SLOT_UNIT, _SLOT_SKEW = 64 << 10, 35 * 64
 
+# Open MPI keeps shared windows in files here; a window must leave room for everything else that uses it
+# (a container's /dev/shm may be 64 MiB): a group falls back to MPI when its window would not fit twice.
+SHM_DIR = "/dev/shm"
+
 _keyval = None
 
 
@@ -78,6 +82,18 @@ def of(comm) -> "SharedGroup | None":
     if _keyval is None:
         return None
     return comm.Get_attr(_keyval)
+
+
+def _room(comm, nbytes: int) -> bool:
+    """Whether the node's shared memory has room for a window of nbytes per rank of comm (collective: the
+    group agrees)."""
+    from mpi4py import MPI
+    try:
+        fs = os.statvfs(SHM_DIR)
+        free = fs.f_bavail * fs.f_frsize
+    except OSError:
+        free = 0
+    return bool(comm.allreduce(free >= 2 * nbytes * comm.size, op=MPI.LAND))
 
 
 class _Window:
@@ -120,18 +136,26 @@ class SharedGroup:
         self._scratch = None
         self._turn = 0
         self._plans = {}   # (bytes, dtype, half) -> the views and bounds of a sum of that size in that half
+        self._no_room = MAX_BYTES + 1   # the smallest sum found too large for the node's shared memory
 
-    def buffer(self, n: int, dtype) -> "SharedBuffer":
-        """A flat array of n elements in shared memory, summed in place over the group (collective)."""
+    def buffer(self, n: int, dtype) -> "SharedBuffer | None":
+        """A flat array of n elements in shared memory, summed in place over the group (collective); None when
+        the node's shared memory has no room for it."""
+        if not _room(self.comm, n * np.dtype(dtype).itemsize):
+            return None
         return SharedBuffer(self, n, dtype)
 
-    def sum(self, src: np.ndarray, out: np.ndarray, between=None) -> None:
-        """out (flat, may be src itself) = the sum of the flat src over the group, each element in group order.
+    def sum(self, src: np.ndarray, out: np.ndarray, between=None) -> bool:
+        """out (flat, may be src itself) = the sum of the flat src over the group, each element in group order;
+        False (nothing done) when the node's shared memory has no room for a window that large.
 
         `between` is called after this rank's chunk is summed, before the chunks are shared (a fault point)."""
         nbytes = src.nbytes
         if self._scratch is None or 2 * nbytes > self._scratch.slot:
             # collective: every rank of the group sums the same size at the same call
+            if nbytes >= self._no_room or not _room(self.comm, 2 * nbytes):
+                self._no_room = min(self._no_room, nbytes)
+                return False
             if self._scratch is not None:
                 self._scratch.free()
             self._scratch = _Window(self.comm, 2 * nbytes)
@@ -149,6 +173,7 @@ class SharedGroup:
         self._scratch.fence()
         for a, b, chunk in theirs:
             out[a:b] = chunk
+        return True
 
     def _plan(self, nbytes: int, dtype, half: int):
         """This rank's slot, the chunks it sums, its bounds, and where the others' sums go (kept per size)."""
