@@ -10,7 +10,7 @@ the same ranks when there are several). Time per step leaves out the first two s
 
 dsim's step is split, per rank, into
 - collectives: time inside MPI calls during the steps (the communicators are wrapped by a timer), and
-  inside the sums through shared memory where a group has them (dsim.parallel.shared);
+  inside the mp group's sums through shared memory where it has them (dsim.parallel.shared);
 - matrix products: every Dense layer's products of one step (forward x @ W, the weight gradient, the
   input gradient) on this rank's slice shapes, timed alone in the same process (a floor);
 - the optimizer update (elementwise, in place; bound by memory bandwidth), timed in the step;
@@ -132,13 +132,10 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     state_bytes += sum(arr.nbytes for _, _, arr in run.optimizer.state_items())
     clock, coll, upd = StepClock(), {"s": 0.0}, {"s": 0.0}
     g = run.groups
-    # sums through shared memory (dsim.parallel.shared) are collectives too; their barriers go to the
-    # communicators themselves, not through the timer
-    mp_shared, dp_shared = shared.of(g.mp), run.model.buckets.shared   # (the buckets are made here)
+    mp_shared = shared.of(g.mp)
     g.dp, g.mp, g.shard = (TimedComm(c, coll) for c in (g.dp, g.mp, g.shard))
-    for sums in (mp_shared, dp_shared):
-        if sums is not None:
-            sums.sum = timed_call(sums.sum, coll)
+    if mp_shared is not None:   # sums through shared memory are collectives too (their barriers go to the
+        mp_shared.sum = timed_call(mp_shared.sum, coll)   # communicator itself, not through the timer)
     apply = run.optimizer.apply
 
     def timed_apply(*args, **kwargs):
@@ -173,16 +170,14 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
 
 
 def bandwidth(run, g) -> dict:
-    """dsim's reductions beside raw mpi4py Allreduce calls on the same bytes (seconds, medians). Where a group
-    sums through shared memory (dsim.parallel.shared), dsim's MPI path is timed beside them too (*_mpi_s)."""
+    """dsim's reductions beside raw mpi4py Allreduce calls on the same bytes (seconds, medians). Where the mp
+    group sums through shared memory (dsim.parallel.shared), dsim's MPI path is timed beside them too."""
     out = {}
     dp, mp = g.dp._comm, g.mp._comm
     if dp.size > 1:
         buckets = run.model.buckets
         raw = np.ones_like(buckets.flat)
         calls = {"dp_dsim_s": lambda: buckets.allreduce(dp), "dp_raw_s": lambda: dp.Allreduce(MPI.IN_PLACE, raw)}
-        if buckets.shared is not None:
-            calls["dp_mpi_s"] = lambda: buckets.allreduce(dp, through_mpi=True)
         out.update(side_by_side(g.world, calls, 5), dp_bytes=buckets.flat.nbytes)
     if mp.size > 1:
         widest = max(layer.out_features for layer in run.network.layers if isinstance(layer, Dense))

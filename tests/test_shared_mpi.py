@@ -7,9 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from dsim.parallel import shared
-from dsim.parallel.buckets import GradientBuckets
 from dsim.parallel.groups import allreduce_sum, sum_chunks
-from test_buckets_mpi import _P
 from test_parallel_equivalence import agree
 
 
@@ -62,40 +60,9 @@ def test_small_sums_through_shared_memory_are_the_group_order_sums(size):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("size", [2, 3, 8])
-def test_gradient_buffer_in_shared_memory_sums_in_place_as_through_mpi(size):
-    """GradientBuckets given the group's SharedGroup: its buffer is in the window (every gradient a view of it),
-    starts at zero, and three steps of reductions give the MPI path's bits, with `between` once per step."""
-    world, comm = split(size)
-    ok, why = True, ""
-    if world.rank < size:
-        group = shared.attach(comm)
-        rng = np.random.default_rng(11 + comm.rank)
-        shapes = [(7, 5), (3,), (64, 33), (1,)]
-        params = [_P(np.zeros(s, np.float32)) for s in shapes]
-        buckets = GradientBuckets(params, np.float32, group=group)
-        mpi = GradientBuckets([_P(np.zeros(s, np.float32)) for s in shapes], np.float32)
-        ok = buckets.shared is not None and np.shares_memory(buckets.flat, buckets.shared.array) and \
-            not buckets.flat.any() and all(np.shares_memory(p.grad, buckets.flat) for p in params)
-        for step in range(3):
-            for p in params:
-                p.grad[...] = rng.standard_normal(p.data.shape) * 10.0 ** comm.rank
-            buckets.loss[0] = comm.rank + step
-            mpi.flat[...] = buckets.flat
-            expect = group_order_sum(comm, buckets.flat.copy())
-            calls = []
-            buckets.allreduce(comm, between=lambda: calls.append(1))
-            mpi.allreduce(comm)
-            ok = ok and calls == [1] and np.array_equal(buckets.flat.view(np.uint32), expect.view(np.uint32)) and \
-                np.array_equal(mpi.flat.view(np.uint32), expect.view(np.uint32))
-        why = f"rank {world.rank}: size={size}"
-    comm.Free()
-    agree(world, ok, why)
-
-
-@pytest.mark.mpi(min_size=2)
 def test_groups_sum_through_shared_memory_only_where_asked(monkeypatch):
-    """A run's dp and mp groups get a SharedGroup on one node; DSIM_SHARED_MEMORY=0 gives none (MPI only)."""
+    """A run's mp group gets a SharedGroup on one node (not dp: see dsim.parallel.shared); DSIM_SHARED_MEMORY=0
+    gives none (MPI only)."""
     from dsim.parallel.groups import Groups
     from dsim.parallel.layout import ParallelLayout
     world = MPI.COMM_WORLD
@@ -103,8 +70,9 @@ def test_groups_sum_through_shared_memory_only_where_asked(monkeypatch):
     on = Groups(world, layout)
     monkeypatch.setenv("DSIM_SHARED_MEMORY", "0")
     off = Groups(world, layout)
-    ok = all(shared.of(c) is not None for c in (on.dp, on.mp) if c.size > 1) and shared.of(on.shard) is None and \
-        all(shared.of(c) is None for c in (off.dp, off.mp, off.shard))
+    ok = (shared.of(on.mp) is not None) == (on.mp.size > 1) and shared.of(on.dp) is None and \
+        shared.of(on.shard) is None and all(shared.of(c) is None for c in (off.dp, off.mp, off.shard)) and \
+        on.shared_sums() == (["mp"] if on.mp.size > 1 else []) and off.shared_sums() == []
     on.free()
     off.free()
     agree(world, ok, f"rank {world.rank}")
@@ -113,21 +81,17 @@ def test_groups_sum_through_shared_memory_only_where_asked(monkeypatch):
 @pytest.mark.mpi(min_size=2)
 def test_no_room_in_shared_memory_falls_back_to_mpi(monkeypatch):
     """A node whose shared memory cannot hold the window (a container's small /dev/shm; here a missing one):
-    the gradient buffer stays private and sums go through MPI, with the same results."""
+    the sums go through MPI, with the same results."""
     world, comm = split(4)
     ok, why = True, ""
     if world.rank < 4:
         group = shared.attach(comm)
         monkeypatch.setattr(shared, "SHM_DIR", "/nonexistent/shm")
-        params = [_P(np.zeros((5, 3), np.float32))]
-        buckets = GradientBuckets(params, np.float32, group=group)
         x = np.random.default_rng(comm.rank).standard_normal(1000).astype(np.float32)
         got = allreduce_sum(comm, x)
-        params[0].grad[...] = x[:15].reshape(5, 3)
-        buckets.allreduce(comm)
-        ok = buckets.shared is None and group._scratch is None and \
-            np.array_equal(got, group_order_sum(comm, x)) and \
-            np.array_equal(params[0].grad.reshape(-1), group_order_sum(comm, x[:15]))
+        again = allreduce_sum(comm, x)   # refused at once, without asking the group again
+        ok = group._scratch is None and group._no_room == x.nbytes and \
+            np.array_equal(got, group_order_sum(comm, x)) and np.array_equal(again, got)
         why = f"rank {world.rank}"
     comm.Free()
     agree(world, ok, why)

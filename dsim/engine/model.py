@@ -6,7 +6,6 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import faults
-from ..parallel import shared
 from ..parallel.buckets import GradientBuckets
 from ..parallel.groups import Groups, watch
 from .callbacks import RunContext
@@ -97,7 +96,7 @@ class Model:
         whenever the network's parameters were rebuilt)."""
         params = self.network.trainable_params()
         if self._buckets is None or not self._buckets.serves(params):
-            self._buckets = GradientBuckets(params, params[0].data.dtype, group=shared.of(self.groups.dp))
+            self._buckets = GradientBuckets(params, params[0].data.dtype)
         return self._buckets
 
     def build(self, train_dataset=None, valid_dataset=None, sink_size: int = -1, epoch: int = 1) -> "Model":

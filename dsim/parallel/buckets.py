@@ -7,15 +7,12 @@ Nothing parameter-sized is allocated per step: the receive buffer of a bucket is
 
 The reduction is allreduce_sum's (dsim.parallel.groups): each rank sums its chunk of a bucket over all
 contributions in group order, then the chunks are all-gathered, so every rank holds identical bits and
-the sum of each element is the same whatever the bucket size. When the data-parallel group shares a node
-(and fault tolerance is off), the buffer lives in shared memory and is summed there in place
-(dsim.parallel.shared), with the same operations in the same order: the same bits.
+the sum of each element is the same whatever the bucket size.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import shared
 from .groups import sum_chunks
 
 # DDP's bucket_cap_mb is 25 MB; here the receive buffer a bucket needs is as large as the bucket, so smaller
@@ -27,18 +24,11 @@ BUCKET_BYTES = 8 << 20
 class GradientBuckets:
     """A flat gradient buffer over `params` (bound as their .grad views) plus a loss slot."""
 
-    def __init__(self, params, dtype, bucket_bytes: int = BUCKET_BYTES, group=None):
-        """group: the data-parallel group's SharedGroup (dsim.parallel.shared), to keep the buffer in shared
-        memory (collective over it) where the node has room for it; None: private memory, reduced through MPI."""
+    def __init__(self, params, dtype, bucket_bytes: int = BUCKET_BYTES):
         self.params = list(params)
         self.dtype = np.dtype(dtype)
         sizes = [int(np.prod(p.data.shape)) for p in self.params]
-        self.shared = group.buffer(sum(sizes) + 1, self.dtype) if group is not None else None
-        if self.shared is not None:
-            self.flat = self.shared.array
-            self.flat[...] = 0
-        else:
-            self.flat = np.zeros(sum(sizes) + 1, dtype=self.dtype)
+        self.flat = np.zeros(sum(sizes) + 1, dtype=self.dtype)
         offset = 0
         for p, n in zip(self.params, sizes):
             p.bind_grad(self.flat[offset:offset + n].reshape(p.data.shape))
@@ -51,16 +41,12 @@ class GradientBuckets:
         """True when this buffer is bound to exactly these parameters (the network was not rebuilt)."""
         return len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params))
 
-    def allreduce(self, comm, between=None, through_mpi: bool = False) -> None:
+    def allreduce(self, comm, between=None) -> None:
         """Sum the buffer over comm in place. `between` is called once, between the first bucket's
-        reduce-scatter and its all-gather (a fault point). through_mpi: bucket by bucket through MPI even
-        when the buffer is in shared memory (the same bits; to compare the two)."""
+        reduce-scatter and its all-gather (a fault point)."""
         if comm.size == 1:
             if between is not None:
                 between()
-            return
-        if self.shared is not None and shared.of(comm) is self.shared.group and not through_mpi:
-            self.shared.sum(between)
             return
         n = self.flat.size
         for start in range(0, n, self.bucket_elems):

@@ -4,8 +4,8 @@ Reductions are deterministic and bit-identical on every rank of a group by const
 sums one chunk of the buffer over all contributions in group order (an all-to-all, i.e. a
 reduce-scatter), and the reduced chunks are then all-gathered. Replicas therefore hold identical bits,
 which is what lets a rank be repaired from its replica, and reruns of a layout are bit-identical.
-A group on one node sums through shared memory instead (dsim.parallel.shared): the same operations in
-the same order, so the same bits.
+A model-parallel group on one node sums its activations through shared memory instead
+(dsim.parallel.shared): the same operations in the same order, so the same bits.
 """
 from __future__ import annotations
 
@@ -34,12 +34,11 @@ class Groups:
         self.dp = _split(comm, layout.dp_group)
         self.mp = _split(comm, layout.mp_group)
         self.shard = _split(comm, layout.shard_group)
-        for c in (self.dp, self.mp):   # gradients' and activations' sums through shared memory where possible
-            shared.attach(c)
+        shared.attach(self.mp)   # the activations' sums, through shared memory where the group shares a node
 
     def shared_sums(self) -> list[str]:
         """The groups that sum through shared memory (dsim.parallel.shared), by name."""
-        return [name for name in ("dp", "mp") if shared.of(getattr(self, name)) is not None]
+        return ["mp"] if shared.of(self.mp) is not None else []
 
     def free(self):
         for c in (self.dp, self.mp, self.shard):

@@ -1,25 +1,24 @@
-"""Group sums through shared memory, for groups whose ranks all live on one node.
+"""Model-parallel sums through shared memory, for groups whose ranks all live on one node.
 
-Through MPI a deterministic group sum is two collectives (an all-to-all and an all-gather, see
-groups.sum_chunks), and every byte is copied through the transport's buffers. When a group shares a node
-its ranks can read each other's contributions straight from a window of shared memory
-(MPI_Win_allocate_shared), as intra-node collectives do:
+A model-parallel layer sums a small activation (a few hundred KiB) over its group at every layer of every
+step. Through MPI a deterministic sum is two collectives (an all-to-all and an all-gather, see
+groups.sum_chunks), and at these sizes their latency is the cost. When the group shares a node, its ranks
+read each other's contributions straight from a window of shared memory (MPI_Win_allocate_shared), as
+intra-node collectives do:
 
-1. every rank's contribution is in its own slot of the window; barrier;
-2. every rank sums its chunk of every slot, in group order, and puts the sum in its own slot; barrier;
+1. every rank copies its contribution into its own slot of the window; barrier;
+2. every rank sums its chunk of every slot, in group order, and puts the sum back in its slot; barrier;
 3. every rank copies the other ranks' summed chunks out of their slots.
 
 Each element is summed with the same operations in the same order as sum_chunks does, so the result is
-bit-identical to the MPI path on every rank: a run does not change a bit with the transport.
+bit-identical to the MPI path on every rank: a run does not change a bit with the transport. 0.12 against
+0.23 ms for the MPI path per 0.31 MiB on 4 ranks here (a raw Allreduce: 0.17 ms). Calls alternate between
+two halves of each slot: a rank that starts call k+2 has passed the barriers of call k+1, which every other
+rank reached only after reading what it needed of call k.
 
-- SharedGroup.sum: a small sum (a model-parallel layer's activation, a few hundred KiB, at every layer of
-  every step), copied into a scratch window: 0.18 against 0.23 ms for the MPI path per 0.31 MiB on 4
-  ranks here, and as fast as one raw Allreduce. Calls alternate between two halves of each slot: a rank
-  that starts call k+2 has passed the barriers of call k+1, which every other rank reached only after
-  reading what it needed of call k.
-- SharedBuffer: a flat array that lives in the window (the data-parallel gradient buffer, which the layers
-  write into), summed in place with no copy in; a third barrier keeps the next step's gradients out until
-  every rank has read the sums.
+Not for the data-parallel gradients: a gradient buffer in the window summed in place was 1.3-1.5x faster
+than MPI on dp4 and dp8, but every rank then maps the pages of the others' buffers it reads, and its
+resident memory grows by up to twice the gradients (1.2x -> 1.8x the training state on dp8).
 
 Only when fault tolerance (ULFM) is off: Open MPI's shared-memory windows are not made to survive a dead
 process, and a fault-tolerant job must be able to shrink its communicators. DSIM_SHARED_MEMORY=0 turns the
@@ -33,7 +32,7 @@ import numpy as np
 
 from .chunks import chunk_bounds
 
-# Larger sums through SharedGroup.sum go through MPI: copying them into the window costs more than it saves.
+# Larger sums go through MPI: copying them into the window costs more than it saves.
 MAX_BYTES = 4 << 20
 # A slot is a multiple of 64 KiB plus an odd number of cache lines: slots a power of two apart would map the
 # chunks a rank sums onto the same cache sets (measured: 0.36 against 0.18 ms per 0.31 MiB sum on 4 ranks).
@@ -93,7 +92,9 @@ def _room(comm, nbytes: int) -> bool:
         free = fs.f_bavail * fs.f_frsize
     except OSError:
         free = 0
-    return bool(comm.allreduce(free >= 2 * nbytes * comm.size, op=MPI.LAND))
+    fits = np.array([free >= 2 * nbytes * comm.size], dtype=np.int32)
+    comm.Allreduce(MPI.IN_PLACE, fits, op=MPI.MIN)
+    return bool(fits[0])
 
 
 class _Window:
@@ -138,13 +139,6 @@ class SharedGroup:
         self._plans = {}   # (bytes, dtype, half) -> the views and bounds of a sum of that size in that half
         self._no_room = MAX_BYTES + 1   # the smallest sum found too large for the node's shared memory
 
-    def buffer(self, n: int, dtype) -> "SharedBuffer | None":
-        """A flat array of n elements in shared memory, summed in place over the group (collective); None when
-        the node's shared memory has no room for it."""
-        if not _room(self.comm, n * np.dtype(dtype).itemsize):
-            return None
-        return SharedBuffer(self, n, dtype)
-
     def sum(self, src: np.ndarray, out: np.ndarray, between=None) -> bool:
         """out (flat, may be src itself) = the sum of the flat src over the group, each element in group order;
         False (nothing done) when the node's shared memory has no room for a window that large.
@@ -185,34 +179,3 @@ class SharedGroup:
         theirs = [(bounds[j], bounds[j + 1], slots[j][bounds[j]:bounds[j + 1]]) for j in range(p) if j != me]
         plan = self._plans[(nbytes, dtype, half)] = (slots[me], [s[lo:hi] for s in slots], lo, hi, theirs)
         return plan
-
-
-class SharedBuffer:
-    """A flat array (`.array`) in a shared window over a SharedGroup, summed over the group in place."""
-
-    def __init__(self, group: SharedGroup, n: int, dtype):
-        dtype = np.dtype(dtype)
-        self.group = group
-        self._window = _Window(group.comm, n * dtype.itemsize)
-        self._all = [s[:n * dtype.itemsize].view(dtype) for s in self._window.slots]
-        comm = group.comm
-        self.array = self._all[comm.rank]
-        self._bounds = chunk_bounds(n, comm.size)
-        lo, hi = self._bounds[comm.rank], self._bounds[comm.rank + 1]
-        self._chunk = np.empty(hi - lo, dtype=dtype)   # this rank's sums, before they go into its slot
-
-    def sum(self, between=None) -> None:
-        """Sum the array over the group in place: every rank ends with the same bits as sum_chunks gives.
-
-        `between` is called after this rank's chunk is summed, before the chunks are shared (a fault point)."""
-        window, b, me = self._window, self._bounds, self.group.comm.rank
-        window.fence()
-        _sum_chunk([a[b[me]:b[me + 1]] for a in self._all], self._chunk)
-        self.array[b[me]:b[me + 1]] = self._chunk
-        if between is not None:
-            between()
-        window.fence()
-        for j, theirs in enumerate(self._all):
-            if j != me:
-                self.array[b[j]:b[j + 1]] = theirs[b[j]:b[j + 1]]
-        window.fence()   # the next gradients go in only after every rank has copied the sums out
