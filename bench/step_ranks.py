@@ -162,8 +162,8 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     layout = g.layout
     mm_s = matmul_floor(run.network, cfg.data.batch_size // layout.data_parallel)
     bw = bandwidth(run, g)
-    for c in (g.dp, g.mp, g.shard):
-        c._comm.Free()
+    g.dp, g.mp, g.shard = g.dp._comm, g.mp._comm, g.shard._comm
+    g.free()
     return {"step_s": step_s, "collectives_s": coll_s, "matmul_s": mm_s, "update_s": update_s,
             **({"peak_rss": rss, "baseline_rss": BASELINE_RSS} if memory else {}), "state_bytes": state_bytes,
             **bw}

@@ -41,6 +41,8 @@ class Groups:
         return ["mp"] if shared.of(self.mp) is not None else []
 
     def free(self):
+        """Release the communicators and the mp group's shared window (collective; a healthy world only)."""
+        shared.release(self.mp)
         for c in (self.dp, self.mp, self.shard):
             c.Free()
 

@@ -76,6 +76,16 @@ def attach(comm) -> "SharedGroup | None":
     return group
 
 
+def release(comm) -> None:
+    """Free comm's SharedGroup window, if any (collective over comm; before comm is freed)."""
+    group = of(comm)
+    if group is not None:
+        comm.Delete_attr(_keyval)
+        if group._scratch is not None:
+            group._scratch.free()
+            group._scratch = None
+
+
 def of(comm) -> "SharedGroup | None":
     """The SharedGroup attached to comm, if any (comm may be a wrapper that passes Get_attr on)."""
     if _keyval is None:
