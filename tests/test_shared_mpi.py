@@ -74,7 +74,7 @@ def test_groups_sum_through_shared_memory_only_where_asked(monkeypatch):
         shared.of(on.shard) is None and all(shared.of(c) is None for c in (off.dp, off.mp, off.shard)) and \
         on.shared_sums() == (["mp"] if on.mp.size > 1 else []) and off.shared_sums() == []
     x = np.random.default_rng(world.rank).standard_normal(1000)
-    ok = ok and np.array_equal(allreduce_sum(on.mp, x), allreduce_sum(off.mp, x))   # a window made, then freed:
+    ok = ok and np.array_equal(allreduce_sum(on.mp, x), allreduce_sum(off.mp, x))   # on.free() frees this window
     on.free()
     off.free()
     agree(world, ok, f"rank {world.rank}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import shared
-from .chunks import chunk_bounds
+from .chunks import chunk_bounds, sum_in_order
 from .layout import ParallelLayout
 
 
@@ -107,10 +107,7 @@ def sum_chunks(comm, src: np.ndarray, out: np.ndarray, receive, between=None) ->
         mine, lo, hi = counts[me], bounds[me], bounds[me + 1]
         recv = receive(p * mine).reshape(p, mine)
         comm.Alltoallv([src, counts, displs, mpi_type], [recv, [mine] * p, [mine * i for i in range(p)], mpi_type])
-    acc = out[lo:hi]   # this rank's chunk, summed in group order in its place
-    np.add(recv[0], recv[1], out=acc)
-    for i in range(2, p):
-        acc += recv[i]
+    sum_in_order(recv, out[lo:hi])   # this rank's chunk, summed in group order in its place
     if between is not None:
         between()
     if equal:
@@ -165,4 +162,3 @@ def gather_full(comm, pieces) -> dict:
                 out[name] = np.zeros(shape, dtype=arr.dtype)
             out[name][where.index] = arr
     return out
-

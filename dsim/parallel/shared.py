@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from .chunks import chunk_bounds
+from .chunks import chunk_bounds, sum_in_order
 
 # Larger sums go through MPI: copying them into the window costs more than it saves.
 MAX_BYTES = 4 << 20
@@ -132,13 +132,6 @@ class _Window:
         self.win.Free()   # collective: every rank is done with it
 
 
-def _sum_chunk(parts, out) -> None:
-    """out = parts[0] + parts[1] + ... in group order: sum_chunks' operations, so its bits."""
-    np.add(parts[0], parts[1], out=out)
-    for part in parts[2:]:
-        out += part
-
-
 class SharedGroup:
     """A communicator whose ranks share a node, with its scratch window (made on first use, grown as needed)."""
 
@@ -170,7 +163,7 @@ class SharedGroup:
         mine, parts, lo, hi, theirs = plan
         mine[...] = src
         self._scratch.fence()
-        _sum_chunk(parts, out[lo:hi])
+        sum_in_order(parts, out[lo:hi])
         mine[lo:hi] = out[lo:hi]
         if between is not None:
             between()
