@@ -92,9 +92,17 @@ def sum_chunks(comm, src: np.ndarray, out: np.ndarray, receive, between=None) ->
     chunk, an element's sum is the same, so the chunking does not change a bit. With equal chunks (the
     size a multiple of the group's) the plain all-to-all and all-gather are used: Open MPI's v-variants
     are slower on small buffers. receive(n) gives a reusable buffer of n elements of src's dtype.
+
+    A group of two without a fault point between the phases uses MPI's own Allreduce: each element's sum
+    is then one addition, x0 + x1, and IEEE addition is commutative, so whichever rank adds and in whichever
+    order, the bits are those of the group-order sum; one call instead of two (30 MiB over dp2 in dp2 x mp4,
+    8 MiB buckets: 40.7 ms against 53.7 ms, a raw Allreduce of the 30 MiB 39.5 ms).
     """
     from mpi4py import MPI
     p, me, n, mpi_type = comm.size, comm.rank, src.size, _mpi_type(src)
+    if p == 2 and between is None:
+        comm.Allreduce(MPI.IN_PLACE if out is src else [src, mpi_type], [out, mpi_type], op=MPI.SUM)
+        return
     equal = n % p == 0
     if equal:
         mine = n // p
