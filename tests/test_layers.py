@@ -132,3 +132,24 @@ def test_layouts_a_model_cannot_take_are_named(model, options, mp, message):
 def test_sequence_longer_than_the_position_table():
     with pytest.raises(LayoutError, match="the source length 12 is longer than the position table"):
         create_network("transformer", transformer=dict(src_len=12, max_position=10))
+
+
+@pytest.mark.parametrize("init", [("he_uniform", 512), ("bias_uniform", 7), ("normal", 0.02), ("zeros",), ("ones",)])
+@pytest.mark.parametrize("shape,axis,parts", [((37, 11), 1, 1), ((37, 11), 0, 1), ((40, 12), 1, 4), ((40, 12), 0, 4),
+                                              ((24, 3, 5), 0, 2), ((24, 3, 5), 2, 5), ((300,), 0, 3)])
+def test_a_slice_is_drawn_without_the_whole_tensor_the_same_bits(monkeypatch, init, shape, axis, parts):
+    """initial_slice, drawing rows a few at a time, gives each model-parallel slice exactly the bits that
+    slicing the whole tensor gives (float64 and float32), whatever the piece size."""
+    from dsim.nn import parameter
+    from dsim.parallel.layout import ParamSpec, mp_slice
+    spec = ParamSpec("layer.weight", shape, mp_axis=axis if parts > 1 else None)
+    whole = parameter.initial_value(spec, 3, init)
+    layout = ParallelLayout(data_parallel=1, model_parallel=parts)
+    for elems in (1, 7, 64, 1 << 20):   # pieces of one row, a few rows, the whole tensor at once
+        monkeypatch.setattr(parameter, "DRAW_ELEMS", elems)
+        for rank in range(parts):
+            where = mp_slice(spec, layout, rank)
+            for dtype in (np.float64, np.float32):
+                out = np.full(where.extents, np.nan, dtype)
+                parameter.initial_slice(spec, 3, init, where, out)
+                assert out.tobytes() == whole[where.index].astype(dtype).tobytes(), (elems, rank, dtype)

@@ -19,7 +19,7 @@ from .. import aligned
 from ..parallel.groups import check_revoked
 from ..parallel.layout import LayoutError, ParallelLayout, check_spec, mp_slice
 from .layers import softmax_cross_entropy
-from .parameter import Parameter, initial_value
+from .parameter import Parameter, initial_slice
 
 
 class Unit:
@@ -128,7 +128,8 @@ class Cell:
                     continue  # another pipeline stage holds it
                 where = mp_slice(spec, layout, rank)
                 if initialize:
-                    local = aligned.copy_of(initial_value(spec, seed, layer.inits[spec.name])[where.index], dtype)
+                    local = aligned.empty(where.extents, dtype)
+                    initial_slice(spec, seed, layer.inits[spec.name], where, local)
                 else:
                     local = aligned.zeros(where.extents, dtype)
                 p = Parameter(spec, layout, rank, local)

@@ -31,7 +31,7 @@ class Layer:
 
     def __init__(self):
         self.params = []
-        self.inits = {}  # spec name -> initializer (see parameter.initial_value)
+        self.inits = {}  # spec name -> initializer (see parameter.initial_value, initial_slice)
 
     def param(self, suffix: str):
         """The bound parameter named <layer name>.<suffix>."""

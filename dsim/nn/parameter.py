@@ -71,13 +71,24 @@ def init_global(spec: ParamSpec, seed: int, kind: str, fan_in: int) -> np.ndarra
     Weights use HeUniform (the seeds' initializer, negative_slope=sqrt(5) as in nn.Dense); biases
     use uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) like MindSpore's Dense.
     """
-    rng = _rng(spec, seed)
-    if kind == "weight":
-        gain = np.sqrt(2.0 / (1 + 5.0))
-        bound = gain * np.sqrt(3.0 / fan_in)
-    else:
-        bound = 1.0 / np.sqrt(fan_in)
-    return rng.uniform(-bound, bound, size=spec.shape)
+    return _draw(spec, ("he_uniform" if kind == "weight" else "bias_uniform", fan_in))(_rng(spec, seed), spec.shape)
+
+
+def _draw(spec: ParamSpec, init: tuple):
+    """(rng, shape) -> the next values of the initializer's stream: drawn in consecutive pieces, the values
+    are those of one draw of the whole (numpy's Generator keeps nothing back between calls)."""
+    kind = init[0]
+    if kind in ("he_uniform", "bias_uniform"):
+        fan_in = init[1]
+        bound = np.sqrt(2.0 / (1 + 5.0)) * np.sqrt(3.0 / fan_in) if kind == "he_uniform" else 1.0 / np.sqrt(fan_in)
+        return lambda rng, shape: rng.uniform(-bound, bound, size=shape)
+    if kind == "normal":
+        return lambda rng, shape: rng.normal(0.0, init[1], size=shape)
+    if kind == "zeros":
+        return lambda rng, shape: np.zeros(shape)
+    if kind == "ones":
+        return lambda rng, shape: np.ones(shape)
+    raise ValueError(f"{spec.name}: unknown initializer {init!r}")
 
 
 def initial_value(spec: ParamSpec, seed: int, init: tuple) -> np.ndarray:
@@ -86,13 +97,29 @@ def initial_value(spec: ParamSpec, seed: int, init: tuple) -> np.ndarray:
     init: ("he_uniform", fan_in) | ("bias_uniform", fan_in) (MindSpore's Dense defaults),
     ("normal", sigma) (MindSpore's Normal(sigma)), ("zeros",) or ("ones",).
     """
-    kind = init[0]
-    if kind in ("he_uniform", "bias_uniform"):
-        return init_global(spec, seed, "weight" if kind == "he_uniform" else "bias", init[1])
-    if kind == "normal":
-        return _rng(spec, seed).normal(0.0, init[1], size=spec.shape)
-    if kind == "zeros":
-        return np.zeros(spec.shape)
-    if kind == "ones":
-        return np.ones(spec.shape)
-    raise ValueError(f"{spec.name}: unknown initializer {init!r}")
+    return _draw(spec, init)(_rng(spec, seed), spec.shape)
+
+
+DRAW_ELEMS = 1 << 20   # values drawn at a time by initial_slice (8 MiB of float64)
+
+
+def initial_slice(spec: ParamSpec, seed: int, init: tuple, where, out: np.ndarray) -> None:
+    """out[...] = initial_value(spec, seed, init)[where.index] (where: a layout Slice), the same bits, without
+    the whole tensor: its rows are drawn in order, a few at a time, up to the slice's last, and each piece
+    keeps what falls in the slice. A rank of a model-parallel layout never holds more than its slice and
+    DRAW_ELEMS values (the whole 5120 x 5120 float64 tensor of the default model is 200 MiB)."""
+    shape = spec.shape
+    if not shape or int(np.prod(shape)) <= DRAW_ELEMS:
+        out[...] = initial_value(spec, seed, init)[where.index]
+        return
+    draw, rng = _draw(spec, init), _rng(spec, seed)
+    row = int(np.prod(shape[1:]))
+    step = max(1, DRAW_ELEMS // row)
+    lo, hi = where.offsets[0], where.offsets[0] + where.extents[0]
+    rest = where.index[1:]
+    for a in range(0, hi, step):
+        b = min(a + step, shape[0])
+        piece = draw(rng, (b - a, *shape[1:]))
+        first, last = max(a, lo), min(b, hi)
+        if first < last:
+            out[first - lo:last - lo] = piece[(slice(first - a, last - a), *rest)]
