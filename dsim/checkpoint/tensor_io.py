@@ -21,7 +21,6 @@ page cache already is read from there: a copy from memory beats reading the disk
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -43,7 +42,9 @@ ALIGNMENT = (1 << 18, BLOCK)  # datasets of 256 KiB or more start at a page boun
 
 
 def _libc():
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    """The C library the process already has loaded (dlopen(NULL)): ctypes.util.find_library would run
+    a subprocess (ldconfig) to find it, a fork in an MPI process, 2-10 ms on the first load of a checkpoint."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _sync_file_range():
