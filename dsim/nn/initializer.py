@@ -1,7 +1,8 @@
 """Initializers by MindSpore's names, for a layer's weight_init: Normal(0.02) is ("normal", 0.02).
 
 A layer's initial tensor is a pure function of (seed, parameter name) whatever the layout (see
-parameter.initial_value), so every rank cuts its slice from the same whole tensor.
+parameter.initial_value), so every rank's slice holds the same values as the whole tensor (initial_slice
+draws it a few rows at a time, never whole).
 """
 
 

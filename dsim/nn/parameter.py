@@ -65,18 +65,12 @@ def _rng(spec: ParamSpec, seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
 
 
-def init_global(spec: ParamSpec, seed: int, kind: str, fan_in: int) -> np.ndarray:
-    """The full initial tensor of a Dense parameter, a pure function of (seed, name): every rank agrees.
-
-    Weights use HeUniform (the seeds' initializer, negative_slope=sqrt(5) as in nn.Dense); biases
-    use uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) like MindSpore's Dense.
-    """
-    return _draw(spec, ("he_uniform" if kind == "weight" else "bias_uniform", fan_in))(_rng(spec, seed), spec.shape)
-
-
 def _draw(spec: ParamSpec, init: tuple):
     """(rng, shape) -> the next values of the initializer's stream: drawn in consecutive pieces, the values
-    are those of one draw of the whole (numpy's Generator keeps nothing back between calls)."""
+    are those of one draw of the whole (numpy's Generator keeps nothing back between calls).
+
+    he_uniform is HeUniform (the seeds' initializer, negative_slope=sqrt(5) as in nn.Dense); bias_uniform is
+    uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)), as MindSpore's Dense initializes its bias."""
     kind = init[0]
     if kind in ("he_uniform", "bias_uniform"):
         fan_in = init[1]
