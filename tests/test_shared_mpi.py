@@ -8,16 +8,8 @@ from mpi4py import MPI
 
 from dsim.parallel import shared
 from dsim.parallel.groups import allreduce_sum, sum_chunks
+from test_buckets_mpi import group_order_sum
 from test_parallel_equivalence import agree
-
-
-def group_order_sum(comm, x):
-    """Every rank's x summed ((x0 + x1) + x2) + ... in group order, from an allgather (independent of dsim)."""
-    every = comm.allgather(x)
-    out = np.add(every[0], every[1])
-    for other in every[2:]:
-        out += other
-    return out
 
 
 def split(size):
