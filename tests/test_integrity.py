@@ -1,6 +1,7 @@
 """Checkpoint integrity without MPI: metadata checksums, content digests, format 1 files, full and read-only disks."""
 import errno
 import json
+import os
 import subprocess
 import sys
 
@@ -173,6 +174,30 @@ def test_disk_full_write_is_one_oserror_and_leaves_nothing(tmp_path):
             assert not list(target.rglob("*.h5*"))
         write_file(target / "rank_0" / "x-1_1.h5", meta(), tensors(), {})  # a small one still fits
         assert read_file(target / "rank_0" / "x-1_1.h5").meta_checked
+
+
+def test_the_tensors_space_is_reserved_before_the_first_is_written(tmp_path):
+    """One fallocate for every tensor's bytes (the file system can give them a few long runs of blocks, not
+    8 MiB pieces interleaved with other ranks' files); a disk without room fails before any is written."""
+    big = [Tensor("params", f"w{i}", (256, 256), Slice((0, 0), (256, 256)), np.full((256, 256), i, np.float64))
+           for i in range(4)]  # 512 KiB each
+    reserved = []
+
+    def first():  # after_each: called once a tensor is written
+        if not reserved:
+            reserved.append(os.stat(tmp_path / "rank_0" / "x-1_1.h5.tmp").st_blocks * 512)
+
+    write_file(tmp_path / "rank_0" / "x-1_1.h5", meta(), big, {}, after_each=first)
+    assert reserved[0] >= 4 * 512 * 1024, reserved  # all four, when only the first has been written
+    shard = read_file(tmp_path / "rank_0" / "x-1_1.h5")
+    assert all(np.array_equal(shard.tensors[f"w{i}"].data, big[i].data) for i in range(4))
+    target = tmp_path / "small"
+    with tmpfs(target, "1m"):
+        written = []
+        with pytest.raises(OSError) as e:
+            write_file(target / "rank_0" / "x-1_1.h5", meta(), big, {}, after_each=lambda: written.append(1))
+        assert e.value.errno == errno.ENOSPC and not written  # 2 MiB never fit in 1 MiB: known at once
+        assert not list(target.rglob("*.h5*"))
 
 
 def test_read_only_directory_is_one_line_before_training(tmp_path):

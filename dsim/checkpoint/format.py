@@ -257,6 +257,14 @@ class _Sink(io.RawIOBase):
             self.error = e
             return crc32(data)
 
+    def preallocate(self, nbytes: int) -> None:
+        """Reserve the tensors' space on the disk before they are written (tensor_io.preallocate)."""
+        if self.error is None:
+            try:
+                tensor_io.preallocate(self.fd, nbytes)
+            except OSError as e:
+                self.error = e
+
     def readinto(self, b):
         n = os.preadv(self.fd, [b], self.pos) if self.error is None else 0
         self.pos += n
@@ -299,8 +307,9 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
 
     on_half_written() is called once half of the tensors are in the file (fault injection); after_each()
     after every tensor (an async save's thread stops there when abandoned: what it raises ends the write).
-    Every tensor's dataset is allocated when the file is created, and its bytes go straight from the array
-    to their place in the file (tensor_io), with the CRC-32 computed on the way.
+    Every tensor's dataset is allocated when the file is created, their space reserved on the disk at once
+    (tensor_io.preallocate: a disk without room fails here, before a byte is written), and each one's bytes
+    go straight from the array to their place in the file (tensor_io), with the CRC-32 computed on the way.
     Any failure (disk full, quota, read-only, permission) removes the temporary and raises one OSError
     naming the file; nothing is left behind.
     """
@@ -322,6 +331,10 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
                 data = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
                 placed.append((f.create_dataset(f"{t.kind}/{t.name}", shape=data.shape, dtype=data.dtype,
                                                 dcpl=tensor_io.early_dcpl()), data))
+            sink.preallocate(max([at + ds.id.get_storage_size() for ds, _ in placed
+                                  if (at := tensor_io.raw_offset(ds)) is not None], default=0))
+            if sink.error is not None:  # no room for the tensors: known before a byte of them is written
+                raise sink.error
             datasets = {}  # what the checksum table covers, from memory: no second pass over the file
             for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
                 if isinstance(data, Deferred):
