@@ -174,6 +174,34 @@ def test_aligned_arrays_start_at_a_page_and_equal_numpys():
     assert c.tobytes() == np.ascontiguousarray(src, dtype=np.float32).tobytes()  # the same rounding
 
 
+def _smaps_of(addr: int) -> dict:
+    """The /proc/self/smaps fields (kB) of the mapping holding addr."""
+    fields, here = {}, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            here = lo <= addr < hi
+        elif here and line.split()[-1] == "kB":
+            fields[head.rstrip(":")] = int(line.split()[1])
+    return fields
+
+
+def test_large_arrays_start_at_a_huge_page_and_their_partial_last_one_stays_small():
+    """Direct I/O's requests then hold 2 MiB per piece of memory, not 4 KiB; no resident memory is added."""
+    for make in (aligned.empty, aligned.zeros):
+        n = 5 * aligned.HUGE + 12345
+        a = make((n // 4,), np.float32)
+        assert a.ctypes.data % aligned.HUGE == 0 and a.nbytes == n // 4 * 4 and a.flags.c_contiguous
+        assert make is aligned.empty or not a.any()
+        small = make((aligned.HUGE_MIN // 8 - 3,), np.float32)  # under numpy's huge-page threshold: a page
+        assert aligned.is_aligned(small) and small.nbytes < aligned.HUGE_MIN
+        a[:] = 1
+        if os.path.exists("/proc/self/smaps") and aligned._MADVISE is not None:
+            tail = _smaps_of(a.ctypes.data + a.nbytes - 1)
+            assert tail.get("AnonHugePages", 0) == 0, tail  # the partial huge page at the end is in 4 KiB pages
+
+
 def test_large_datasets_start_at_a_page_of_their_file(tmp_path):
     write_file(tmp_path / "x.h5", META, tensors(), {})
     with h5py.File(tmp_path / "x.h5", "r") as f:
