@@ -11,17 +11,16 @@ from .harness import GiB, row, run_worker, text_row
 
 NAME = "save_load"
 TITLE = "Sharded save and load (every file fsync'd; loads from disk, page cache evicted)"
-SIZES = {"full": {"ranks": 8, "model_parallel": 4, "total_bytes": 2 * GiB, "repeats": 3, "timeout": 1500, "settle": 5.0},
-         "quick": {"ranks": 8, "model_parallel": 4, "total_bytes": GiB // 4, "repeats": 3, "timeout": 600, "settle": 5.0},
-         "toy": {"ranks": 2, "model_parallel": 2, "total_bytes": 2 ** 22, "repeats": 3, "timeout": 180, "settle": 0.0}}
+SIZES = {"full": {"ranks": 8, "model_parallel": 4, "total_bytes": 2 * GiB, "repeats": 3, "timeout": 1500},
+         "quick": {"ranks": 8, "model_parallel": 4, "total_bytes": GiB // 4, "repeats": 3, "timeout": 600},
+         "toy": {"ranks": 2, "model_parallel": 2, "total_bytes": 2 ** 22, "repeats": 3, "timeout": 180}}
 TARGETS = {("save", "raw"): 0.95, ("save", "dcp"): 1.5, ("load", "raw"): 0.9, ("load", "dcp"): 1.2}
 
 
 def run(params: dict, workdir, opts) -> dict:
     def args_in(d):
         return ["--total-bytes", params["total_bytes"], "--repeats", params["repeats"], "--model-parallel",
-                params["model_parallel"], "--settle", params["settle"], "--dir", d / "files",
-                *(["--no-dcp"] if opts.no_dcp else [])]
+                params["model_parallel"], "--dir", d / "files", *(["--no-dcp"] if opts.no_dcp else [])]
     return summarize(params, run_worker(NAME, "bench.save_load_ranks", params, workdir, opts, args_in))
 
 
@@ -62,8 +61,7 @@ def summarize(params: dict, raw: dict) -> dict:
     figures["max_resident_fraction_before_load"] = resident
     rows.append(text_row("page cache before each load",
                          f"fsync + posix_fadvise(DONTNEED) on every file; at most {100 * resident:.1f}% of pages "
-                         f"still cached (mincore); then {params.get('settle', 0):g} s of rest before each load, so "
-                         "freed memory is back with the host for every method alike (save_load_ranks.SETTLE)"))
+                         "still cached (mincore)"))
     return {"params": {**params, "hidden": raw["hidden"], "layout": raw["layout"], "state_bytes": state,
                        "tensors_per_rank": raw["tensors_per_rank"], "dcp": raw["dcp"],
                        "mpi_library": raw["mpi_library"], "torch": raw.get("torch")},

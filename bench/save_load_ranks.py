@@ -9,8 +9,7 @@ Every rank builds a real dsim run (the seeds' Network, widened until the state o
         dsim  ModelCheckpoint.save: HDF5 per rank, CRC-32, fsync, rename, commit record (the real saver)
         dcp   torch.distributed.checkpoint.save of the same tensors (gloo on 127.0.0.1, one key per
               rank and tensor, so nothing is deduplicated), its own fsyncs
-  evict every file from the page cache (fsync + posix_fadvise DONTNEED), check with mincore; before each
-        load, --settle seconds of rest (see SETTLE)
+  evict every file from the page cache (fsync + posix_fadvise DONTNEED), check with mincore
   load  raw   readinto the live arrays; dsim: latest_committed + restore (read, CRC check, layout check,
               copy into the model); dcp: torch.distributed.checkpoint.load in place
 after each load the state's CRCs must equal those saved. The clock runs from a barrier to a barrier.
@@ -47,14 +46,6 @@ from dsim.nn import create_network
 from dsim.parallel.layout import ParallelLayout
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every load starts from the same state of the machine's memory. On a VM whose balloon reports free pages to
-# the host (virtio-balloon free page reporting, as here), pages the guest frees go back to the host about
-# two seconds later, and using them again costs a fault in the host. Right after the eviction the page
-# cache just dropped (the raw and dcp files, written through it) is still backed, and whichever buffered
-# read comes first reuses it: raw's load took 0.65-0.77 s in first place and 2.1-2.5 s after a rest of 6 s
-# (8 ranks, 2 GiB; dsim's direct reads into the live arrays 0.86-1.19 s either way). With a rest before
-# each load the order no longer decides the figures.
-SETTLE = 5.0
 HIDDEN_LAYERS = 9  # 784 -> W x 9 -> 10: eight W x W weights carry the bytes, each a few MiB per rank
 
 
@@ -223,7 +214,6 @@ def main(argv=None):
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--no-dcp", action="store_true", help="leave torch out (the DCP column says so)")
-    ap.add_argument("--settle", type=float, default=SETTLE, help="seconds of rest before each load (see SETTLE)")
     args = ap.parse_args(argv)
     comm = MPI.COMM_WORLD
     rank, base = comm.rank, Path(args.dir)
@@ -286,8 +276,6 @@ def main(argv=None):
             for t in tensors:
                 t.data[...] = 0
             PHASES.take(comm)
-            comm.Barrier()
-            time.sleep(args.settle)
             out["load_s"][m.name] = timed(comm, m.load, rep_dir / m.name)
             if isinstance(m, Dsim):
                 out["dsim_phases_s"].update(PHASES.take(comm))
