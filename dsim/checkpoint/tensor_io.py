@@ -47,30 +47,26 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _sync_file_range():
-    """Linux's sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE), or None elsewhere."""
+def _libc_function(name: str, argtypes: list):
+    """A function of the C library with its argument types, or None where there is none (not Linux)."""
     try:
-        fn = _libc().sync_file_range
+        fn = getattr(_libc(), name)
     except (OSError, AttributeError, TypeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return lambda fd, offset, nbytes: fn(fd, offset, nbytes, 2)  # 2: SYNC_FILE_RANGE_WRITE, does not wait
-
-
-start_writeback = _sync_file_range() or (lambda fd, offset, nbytes: 0)
-
-
-def _fallocate():
-    """Linux's fallocate(fd, 0, 0, nbytes), or None elsewhere (posix_fallocate would write zeros instead)."""
-    try:
-        fn = _libc().fallocate
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.argtypes = argtypes
     return fn
 
 
-_FALLOCATE = _fallocate()
+_SYNC_FILE_RANGE = _libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+# fallocate(fd, 0, 0, nbytes) reserves blocks; posix_fallocate would write zeros where the file system cannot
+_FALLOCATE = _libc_function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing a byte range to the disk, without waiting (Linux's sync_file_range
+    with SYNC_FILE_RANGE_WRITE); nothing elsewhere."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, 2)  # 2: SYNC_FILE_RANGE_WRITE
 
 
 def preallocate(fd: int, nbytes: int) -> None:
