@@ -22,21 +22,15 @@ import mmap
 
 import numpy as np
 
+from dsim import libc
+
 PAGE = mmap.PAGESIZE
 HUGE = 1 << 21        # a transparent huge page (x86-64's and arm64's with 4 KiB pages)
 HUGE_MIN = 1 << 22    # numpy madvises huge pages on allocations this large (its own threshold)
 
 
-def _madvise():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return fn
-
-
-_MADVISE = _madvise() if hasattr(mmap, "MADV_NOHUGEPAGE") else None
+_MADVISE = (libc.function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+            if hasattr(mmap, "MADV_NOHUGEPAGE") else None)
 
 
 def _carve(nbytes: int, shape, dtype: np.dtype, alloc) -> np.ndarray:
@@ -44,9 +38,10 @@ def _carve(nbytes: int, shape, dtype: np.dtype, alloc) -> np.ndarray:
     raw = alloc(nbytes + align, np.uint8)
     base = raw.ctypes.data
     start = (-base) % align
-    if align == HUGE and _MADVISE is not None:
-        tail, block_end = (base + start + nbytes) // HUGE * HUGE, (base + raw.nbytes) // PAGE * PAGE
-        if block_end > tail and (base + start + nbytes) % HUGE:  # a partial huge page at the end: 4 KiB pages
+    end = base + start + nbytes
+    if align == HUGE and _MADVISE is not None and end % HUGE:  # a partial huge page at the end: 4 KiB pages
+        tail, block_end = end // HUGE * HUGE, (base + raw.nbytes) // PAGE * PAGE
+        if block_end > tail:
             _MADVISE(tail, block_end - tail, mmap.MADV_NOHUGEPAGE)
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 

@@ -28,6 +28,8 @@ import os
 import h5py
 import numpy as np
 
+from dsim import libc
+
 try:  # ISA-L's CRC-32 is zlib's (the same polynomial and values), 3-4x faster on CPUs with carry-less multiply
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover - isal is a dependency; zlib gives the same values, slower
@@ -41,25 +43,9 @@ ALIGNMENT = (1 << 18, BLOCK)  # datasets of 256 KiB or more start at a page boun
 # set_alignment); smaller ones gain nothing from direct I/O
 
 
-def _libc():
-    """The C library the process already has loaded (dlopen(NULL)): ctypes.util.find_library would run
-    a subprocess (ldconfig) to find it, a fork in an MPI process, 2-10 ms on the first load of a checkpoint."""
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _libc_function(name: str, argtypes: list):
-    """A function of the C library with its argument types, or None where there is none (not Linux)."""
-    try:
-        fn = getattr(_libc(), name)
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes = argtypes
-    return fn
-
-
-_SYNC_FILE_RANGE = _libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+_SYNC_FILE_RANGE = libc.function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 # fallocate(fd, 0, 0, nbytes) reserves blocks; posix_fallocate would write zeros where the file system cannot
-_FALLOCATE = _libc_function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+_FALLOCATE = libc.function("fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> None:
@@ -230,22 +216,20 @@ def open_direct_read(path, fd: int):
         return None
 
 
-_mincore = None
+_MINCORE = libc.function("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
 
 
 def cached_pages(fd: int) -> tuple:
     """(pages in the page cache, pages in all) of an open file, by mincore(2) on a mapping that touches none."""
-    global _mincore
     size = os.fstat(fd).st_size
     if size == 0:
         return 0, 0
-    if _mincore is None:
-        _mincore = _libc().mincore
-        _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if _MINCORE is None:
+        raise OSError(errno.ENOSYS, "mincore is not available here")
     vec = np.zeros(-(-size // mmap.PAGESIZE), np.uint8)
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
         mapped = np.frombuffer(m, np.uint8)  # only its address is used
-        failed = _mincore(mapped.ctypes.data, size, vec.ctypes.data) != 0
+        failed = _MINCORE(mapped.ctypes.data, size, vec.ctypes.data) != 0
         del mapped
     if failed:
         raise OSError(ctypes.get_errno(), "mincore failed")
