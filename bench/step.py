@@ -18,7 +18,7 @@ LAYOUTS = {  # name: (data parallel, model parallel, torch beside it)
     "mp4": (1, 4, False), "dp2 x mp4": (2, 4, False),
 }
 BREAKDOWN = ("one process", "dp4", "mp4", "dp2 x mp4")
-SIZES = {"full": {"steps": 10, "repeats": 3, "timeout": 1200, "layouts": list(LAYOUTS), "overrides": []},
+SIZES = {"full": {"steps": 8, "repeats": 3, "timeout": 1200, "layouts": list(LAYOUTS), "overrides": []},
          "quick": {"steps": 10, "repeats": 3, "timeout": 600, "layouts": list(LAYOUTS),
                    "overrides": ["model.hidden=[128,1024,1024,128]"]},
          "toy": {"steps": 4, "repeats": 1, "timeout": 300, "layouts": ["one process", "dp2"],
