@@ -78,6 +78,11 @@ def summarize(params: dict, raw: dict) -> dict:
             rows.append(row(f"{name}: the rest / step", rest, "%", "<= 10 %", sorted(rest)[len(rest) // 2] <= 10))
             rows.append(row(f"{name}: of the rest, the optimizer update (in place, memory-bound) / step",
                             [100 * _mean(r, "update_s") / _mean(r, "step_s") for r in reps], "%"))
+            if "torch" in reps[0][0] and "update_s" in reps[0][0]["torch"]:  # the same update's cost in torch: a floor
+                floor = [100 * sum(x["torch"]["update_s"] for x in r) / len(r) / _mean(r, "step_s") for r in reps]
+                f["torch_update_pct_of_dsim_step"] = floor
+                rows.append(row(f"{name}: torch's optimizer.step() (SGD with momentum, the same parameters) / dsim's step",
+                                floor, "%"))
         for kind, what in (("dp", "dp gradient reduction"), ("mp", "mp activation all-reduce")):
             if f"{kind}_dsim_s" in reps[0][0]["dsim"]:
                 bw = [_mean(r, f"{kind}_raw_s") / _mean(r, f"{kind}_dsim_s") for r in reps]

@@ -15,6 +15,8 @@ dsim's step is split, per rank, into
   input gradient) on this rank's slice shapes, timed alone in the same process (a floor);
 - the optimizer update (elementwise, in place; bound by memory bandwidth), timed in the step;
 - the rest: step - collectives - matrix products (the update, other elementwise work, Python, waiting).
+torch's optimizer.step() is timed on its own too: the same update (SGD with momentum on the same parameters)
+in another framework, beside dsim's step, shows how much of the rest no in-place update can avoid.
 Bandwidth of the data-parallel gradient reduction is compared with a raw mpi4py Allreduce of the same
 bytes, and the model-parallel activation all-reduce with a raw Allreduce of the same bytes.
 Peak RSS is measured over training only (VmHWM, reset after the build), in the first repeat (a fresh
@@ -227,14 +229,17 @@ def torch_once(comm, cfg, steps: int, port: int) -> dict:
     x = torch.randn(local, widths[0])
     y = torch.randint(0, 10, (local,))
     comm.Barrier()
-    ends = []
+    ends, updates = [], []
     for _ in range(steps):
         opt.zero_grad(set_to_none=False)
         loss_fn(model(x), y).backward()
+        t = time.perf_counter()
         opt.step()
         ends.append(time.perf_counter())
+        updates.append(ends[-1] - t)
     comm.Barrier()
-    return {"step_s": (ends[-1] - ends[WARMUP]) / (len(ends) - 1 - WARMUP)}
+    return {"step_s": (ends[-1] - ends[WARMUP]) / (len(ends) - 1 - WARMUP),
+            "update_s": sum(updates[WARMUP + 1:]) / (len(ends) - 1 - WARMUP)}  # the same steps
 
 
 def free_port(comm) -> int:
