@@ -5,7 +5,8 @@
 2. last gasp: the survivors save the newest consistent step (tft.ttp) and exit; a new job resumes from it;
 3. healing: the survivors spawn a replacement and train on in the same job (tft.arf);
 4. spares: a warm spare started with the job (tft.spares: 1, mpirun -n 9) takes the dead rank's place;
-5. uce: rank 3's memory fails (fault.kind=uce) and is repaired from its replica in the job (tft.uce).
+5. uce: rank 3's memory fails (fault.kind=uce) and is repaired from its replica in the job (tft.uce): in place,
+   while the other ranks go on (tft.uce_in_place, the default: the fault strikes in a forward pass).
 Rank 3 is killed (or its memory damaged) in the forward pass of step KILL, with a periodic checkpoint every
 EVERY steps before it (KILL itself not a step that saves); training ends one step after KILL, as no figure
 needs a later step. Times come from metrics.jsonl: the victim's `fault` event (written just before SIGKILL)
@@ -34,7 +35,7 @@ TITLE = "Recovery from kill -9 (or a UCE) of rank 3 to the next finished step (d
 WAYS = ["restart", "last_gasp", "healing", "spares", "uce"]
 LABELS = {"restart": "restart + load of the last periodic checkpoint", "last_gasp": "last gasp + restart",
           "healing": "in-process healing (spawn a replacement)", "spares": "in-process healing (a warm spare)",
-          "uce": "UCE repaired in the job"}
+          "uce": "UCE repaired in place"}
 TARGETS = {"spares": 20, "uce": 100}  # restart's time lost / this way's, at least (issue 21, target 6)
 SIZES = {  # full and quick: the default model (configs/default.yaml)
     "full": {"kill": 31, "every": 16, "repeats": 3, "timeout": 900, "overrides": []},  # a restart redoes 14 steps
@@ -147,7 +148,7 @@ def summarize(params: dict, reps: list) -> dict:
     repaired = [w for w in ways if all(r[w].get("repair_ms") for r in reps)]  # the ways that stay in the job
     rows += [row(f"the repair alone (agreement to training going on: `repair took`), {LABELS[w]}",
                  [r[w]["repair_ms"] for r in reps], "ms") for w in repaired]
-    rows += [row(f"of the time lost, the faulted step's work before the fault (lost whatever the way), {LABELS[w]} "
+    rows += [row(f"the faulted step's work before the fault (lost where the step is redone: all but in place), {LABELS[w]} "
                  "(diagnostic)", [r[w]["before_fault_s"] * 1000 for r in reps], "ms")
              for w in repaired if all("before_fault_s" in r[w] for r in reps)]
     rows += [row(f"of the time lost, from the fault to the repair's end (noticed, agreed, repaired), {LABELS[w]} "

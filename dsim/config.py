@@ -124,6 +124,7 @@ class TFTConfig:
     """Fault tolerance (MindSpore's MS_ENABLE_TFT='{TTP:1,UCE:1,ARF:1}' sets the same switches)."""
     ttp: bool = False                        # last-gasp checkpoint from the survivors when a rank dies
     uce: bool = False                        # repair a rank's memory error in the job from a replica (implies ttp)
+    uce_in_place: bool = True                # with uce, one found in a forward pass: only that rank repairs, the others go on
     arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)

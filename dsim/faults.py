@@ -90,11 +90,14 @@ class FaultInjector(Callback):
         self.step = None if self.steps else step
         self.last_gasp_kill = last_gasp_kill
         self.fired = False
+        self.in_place = None  # dsim.ft.in_place.InPlace where a UCE may be repaired in place (set by begin)
 
     def begin(self, run_context):
         global _armed
         cb = run_context.original_args()
         self.my_rank, self.optimizer = cb.rank, cb.optimizer
+        recovery = getattr(cb.model, "recovery", None)
+        self.in_place = getattr(recovery, "in_place", None)  # a UCE repaired in place (tft.uce_in_place)
         if self.kind == "plan":
             self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank)
         if self.steps and self.my_rank in self.ranks:
@@ -128,6 +131,8 @@ class FaultInjector(Callback):
         if self.kind == "uce":
             error = UCEError(self.my_rank, where, corrupt(self.optimizer, self.my_rank))
             say(f"dsim: fault: {error}")
+            if self.in_place is not None and self.in_place.repair(error, self.at):
+                return  # repaired from a replica: the step goes on (dsim.ft.in_place)
             raise error
         raise InjectedFault(f"Some errors happen. (injected on rank {self.my_rank} {where})")
 
@@ -203,6 +208,8 @@ class FaultPlan:
             if f["kind"] == "uce":
                 error = UCEError(self.rank, where, corrupt(injector.optimizer, self.rank))
                 say(f"dsim: fault: {error}")
+                if injector.in_place is not None and injector.in_place.repair(error, point):
+                    return
                 raise error
             kill(f"dsim: fault: killing rank {self.rank} (SIGKILL) {where}"
                  + (" (its newest shard on disk is damaged too)" if f["kind"] == "corrupt" else ""))

@@ -14,8 +14,10 @@ FINISHED = r"dsim: {}: step {} finished \d+ ms after the fault"
 
 
 def test_uce_on_ranks_0_and_5_is_repaired_in_the_job(ft_reference, tmp_path):
+    """tft.uce_in_place off: the whole job stops, repairs the damaged rank from its replica and redoes the step."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    proc = mpirun(8, [*UCE, *fault("uce", "[0,5]", "forward", "[6,13]")], cwd=tmp_path, check=0, ft=True)
+    proc = mpirun(8, [*UCE, "--set", "tft.uce_in_place=false", *fault("uce", "[0,5]", "forward", "[6,13]")],
+                  cwd=tmp_path, check=0, ft=True)
     out = proc.stdout
     for rank, donor, step in [(0, 4, 6), (5, 1, 13)]:
         assert f"dsim: fault: UCE: uncorrectable memory error on rank {rank} during the forward of step {step}" in out
@@ -27,6 +29,27 @@ def test_uce_on_ranks_0_and_5_is_repaired_in_the_job(ft_reference, tmp_path):
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
     repairs = events(tmp_path, "uce_repair")
     assert [(e["damaged"], e["global_step"], e["donors"]) for e in repairs] == [([0], 5, {"0": 4}), ([5], 12, {"5": 1})]
+    assert [e["global_step"] for e in events(tmp_path, "recovered")] == [6, 13]
+
+
+def test_uce_in_a_forward_pass_is_repaired_in_place_while_the_others_go_on(ft_reference, tmp_path):
+    """The default (tft.uce_in_place): the damaged rank takes the buffers the error hit from its replica, which
+    answers at its next layer; nobody stops, nothing is redone, every loss is the uninterrupted run's."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    proc = mpirun(8, [*UCE, *fault("uce", "[0,5]", "forward", "[6,13]")], cwd=tmp_path, check=0, ft=True)
+    out = proc.stdout
+    for rank, donor, step in [(0, 4, 6), (5, 1, 13)]:
+        assert f"dsim: fault: UCE: uncorrectable memory error on rank {rank} during the forward of step {step}" in out
+        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} "
+                f"from rank {donor} (group info {sorted([rank, donor])}) while the other ranks went on; the forward "
+                f"of step {step} goes on") in out, out
+        assert re.search(FINISHED.format("uce", step), out), out
+    assert "repaired in the job" not in out  # no rank stopped for a repair of the whole job
+    assert LOSS.findall(out) == ref_losses  # each step once: none was redone
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    repairs = events(tmp_path, "uce_repair")
+    assert [(e["damaged"], e["global_step"], e["donors"], e["in_place"]) for e in repairs] == [
+        ([0], 5, {"0": 4}, True), ([5], 12, {"5": 1}, True)]
     assert [e["global_step"] for e in events(tmp_path, "recovered")] == [6, 13]
 
 

@@ -135,12 +135,12 @@ def test_transformer_last_gasp_then_resume(transformer_reference, tmp_path):
     same_state(ref_ckpt, "test-4_5", tmp_path / "run" / "checkpoints", "test_1-4_5")
 
 
-def test_transformer_uce_is_repaired_in_the_job(transformer_reference, tmp_path):
+def test_transformer_uce_is_repaired_in_place(transformer_reference, tmp_path):
     ref_losses, ref_ckpt = transformer_reference
     proc = mpirun(8, [*TRANSFORMER, "--set", "tft.uce=true", "--set", "fault.kind=uce", "--set", "fault.rank=2",
                       "--set", "fault.at=forward", "--set", "fault.step=9"], cwd=tmp_path, check=0, ft=True)
-    assert ("dsim: uce: rank(s) 2 had an uncorrectable memory error (UCE); repaired in the job: rank 2 from rank 6 "
-            "(group info [2, 6]); training goes on after step 8") in proc.stdout, proc.stdout
+    assert ("dsim: uce: rank(s) 2 had an uncorrectable memory error (UCE); repaired in place: rank 2 from rank 6 "
+            "(group info [2, 6]) while the other ranks went on; the forward of step 9 goes on") in proc.stdout, proc.stdout
     assert LOSS.findall(proc.stdout) == ref_losses
     same_state(ref_ckpt, "test-4_5", tmp_path / "run" / "checkpoints", "test-4_5")
 

@@ -162,6 +162,13 @@ def abandon_in_flight(why: str):
     return _active.abandon(why) if _active is not None else None
 
 
+def copying_in_flight() -> bool:
+    """Whether this process's async save is still copying the live state into its snapshot."""
+    p = _active.pending if _active is not None else None
+    writer = getattr(p, "writer", None)
+    return writer is not None and not writer.copied.is_set()
+
+
 class ModelCheckpoint(Callback):
     """Save checkpoints into `directory` as `prefix-{epoch}_{step}` (MindSpore's callback).
 

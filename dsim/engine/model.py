@@ -59,7 +59,8 @@ class Model:
         """
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
-        watch(groups.world if self.recovery is not None and self.recovery.watches else None)
+        watching = self.recovery is not None and self.recovery.watches
+        watch(groups.world if watching else None, self.recovery.serve if watching else None, groups.dp)
         buckets = self.buckets  # before backward: the layers write the gradients into it
         if self.pipeline is not None:
             return self._pipelined_step(inputs, labels, buckets, step)

@@ -32,6 +32,7 @@ from ..faults import UCEError
 from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError
 from . import elastic, spares as warm, ulfm
+from .in_place import InPlace
 from .last_gasp import survey
 
 TAG = 0xAF
@@ -50,9 +51,17 @@ class InProcessRecovery:
 
     def __init__(self, run):
         self.run = run
-        self.pending = None  # (time of the fault, what) until the next step finishes
+        self.pending = None  # (time of the fault, what, whether this rank says it) until the next step finishes
         self.idle = []       # (comm, its ranks left over) of every elastic shrink: released at the end
         self.watches = ulfm.unavailable_reason() is None  # ranks stop at their next layer once the world is revoked
+        self.in_place = None
+        if run.cfg.tft.uce and run.cfg.tft.uce_in_place and self.watches:
+            self.in_place = InPlace(run, lambda t: setattr(self, "pending", (t, "uce", True)))
+
+    @property
+    def serve(self):
+        """What answers a damaged replica's request at every layer (None: no rank repairs in place)."""
+        return self.in_place.serve if self.in_place is not None and self.in_place.armed() else None
 
     def handles(self, exc) -> bool:
         """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM."""
@@ -61,12 +70,12 @@ class InProcessRecovery:
     def step_finished(self, global_step: int) -> None:
         """Log the time from a repaired fault to the next finished step (once)."""
         if self.pending is not None:
-            t, what = self.pending
+            t, what, speaks = self.pending
             self.pending = None
             seconds = time.time() - t
-            if self.run.groups.world.rank == 0:
+            if speaks:
                 say(f"dsim: {what}: step {global_step} finished {seconds * 1000:.0f} ms after the fault")
-                event("recovered", global_step=global_step, seconds=round(seconds, 4), fault=what)
+                event("recovered", any_rank=True, global_step=global_step, seconds=round(seconds, 4), fault=what)
 
     def recover(self, exc, callbacks) -> int:
         """Repair the job in place; returns the global step training goes on from. Collective over the living."""
@@ -105,7 +114,7 @@ class InProcessRecovery:
             ulfm.revoke(comm, world)  # another failure during the repair: nobody may wait on the new world
             raise                     # (the caller falls back to the last gasp)
         run.groups = run.model.groups = groups
-        self.pending = (t_fault, "heal" if failed else "uce")
+        self.pending = (t_fault, "heal" if failed else "uce", groups.world.rank == 0)
         if lead:  # the lowest survivor (a replacement may be rank 0 now)
             donors = ", ".join(f"rank {r} from rank {w} (group info {group_info(layout, r)})"
                                for r, w in sorted(p.writers.items()) if w != r)
@@ -138,7 +147,7 @@ class InProcessRecovery:
             raise elastic.Idle(comm)
         self.idle.append((comm, idle))
         elastic.adopt(run, fresh, elastic.new_config(run.cfg, new))
-        self.pending = (t_fault, "elastic")
+        self.pending = (t_fault, "elastic", run.groups.world.rank == 0)
         if lead:
             ms = elastic.elapsed_ms(t0)
             waiting = (f"; rank(s) {', '.join(str(old_ranks[r]) for r in idle)} of the living wait "
@@ -238,5 +247,5 @@ def take_place(world, pool, joining):
     exchange(run.groups, joining["writers"], run.optimizer, step)
     run.optimizer.sync(run.groups.shard)
     run.loader.set_init_step(step)
-    run.model.recovery.pending = (joining["fault_time"], "heal")
+    run.model.recovery.pending = (joining["fault_time"], "heal", run.groups.world.rank == 0)
     return run, step, joining

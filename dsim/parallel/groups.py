@@ -48,22 +48,46 @@ class Groups:
 
 
 _watched = None  # the world of a fault-tolerant run, during a step (Model.train_step sets it)
+_serve = None    # with it, what answers a damaged replica's request (dsim.ft.in_place), or None
+_serving = None  # the communicator whose first sum of a step waits checking: the data-parallel group
 
 
-def watch(world) -> None:
-    """Make check_revoked() consult `world` (None: nothing)."""
-    global _watched
-    _watched = world
+def watch(world, serve=None, dp=None) -> None:
+    """Make check_revoked() consult `world` (None: nothing) and call serve() (a UCE repaired in place: the
+    replica's side); the step's first sum_chunks on `dp` then waits for its collectives checking too.
+    Called at the start of every step."""
+    global _watched, _serve, _serving
+    _watched, _serve, _serving = world, serve if world is not None else None, dp
 
 
 def check_revoked() -> None:
     """Raise ERR_REVOKED if the watched world was revoked: a rank computing its part of a step stops at its
     next layer or collective when another rank failed, instead of going on to its next collective on a
     communicator the failure does not touch (for instance a model-parallel group without the failed rank),
-    which can be a whole forward and backward later. Local and cheap (MPIX_Comm_is_revoked)."""
-    if _watched is not None and _watched.Is_revoked():
-        from mpi4py import MPI
-        raise MPI.Exception(MPI.ERR_REVOKED)
+    which can be a whole forward and backward later. Local and cheap (MPIX_Comm_is_revoked). Where a UCE
+    can be repaired in place, a damaged replica's request is answered here too (one MPI_Iprobe)."""
+    if _watched is not None:
+        if _watched.Is_revoked():
+            from mpi4py import MPI
+            raise MPI.Exception(MPI.ERR_REVOKED)
+        if _serve is not None:
+            _serve()
+
+
+def _collective(comm, name: str, *args) -> None:
+    """comm.<name>(*args). Where a UCE can be repaired in place, the step's first collective on the
+    data-parallel group is made as its nonblocking variant, checking (check_revoked) while it waits: a replica
+    waiting there for a damaged rank that waits for the replica's answer would otherwise wait forever (the same
+    data moves, so the same bits). Once it is done every rank of the group is past its forward pass, so the
+    later ones (and every model-parallel sum: that group never holds a rank's replica) stay blocking."""
+    global _serving
+    if _serve is None or comm is not _serving:
+        getattr(comm, name)(*args)
+        return
+    request = getattr(comm, "I" + name[0].lower() + name[1:])(*args)
+    while not request.Test():
+        check_revoked()
+    _serving = None
 
 
 def allreduce_sum(comm, x: np.ndarray, between=None, inplace: bool = False) -> np.ndarray:
@@ -101,27 +125,28 @@ def sum_chunks(comm, src: np.ndarray, out: np.ndarray, receive, between=None) ->
     from mpi4py import MPI
     p, me, n, mpi_type = comm.size, comm.rank, src.size, _mpi_type(src)
     if p == 2 and between is None:
-        comm.Allreduce(MPI.IN_PLACE if out is src else [src, mpi_type], [out, mpi_type], op=MPI.SUM)
+        _collective(comm, "Allreduce", MPI.IN_PLACE if out is src else [src, mpi_type], [out, mpi_type], MPI.SUM)
         return
     equal = n % p == 0
     if equal:
         mine = n // p
         lo, hi = me * mine, (me + 1) * mine
         recv = receive(n).reshape(p, mine)
-        comm.Alltoall([src, mpi_type], [recv, mpi_type])
+        _collective(comm, "Alltoall", [src, mpi_type], [recv, mpi_type])
     else:
         bounds = chunk_bounds(n, p)
         counts, displs = [bounds[i + 1] - bounds[i] for i in range(p)], bounds[:-1]
         mine, lo, hi = counts[me], bounds[me], bounds[me + 1]
         recv = receive(p * mine).reshape(p, mine)
-        comm.Alltoallv([src, counts, displs, mpi_type], [recv, [mine] * p, [mine * i for i in range(p)], mpi_type])
+        _collective(comm, "Alltoallv", [src, counts, displs, mpi_type],
+                    [recv, [mine] * p, [mine * i for i in range(p)], mpi_type])
     sum_in_order(recv, out[lo:hi])   # this rank's chunk, summed in group order in its place
     if between is not None:
         between()
     if equal:
-        comm.Allgather(MPI.IN_PLACE, [out, mpi_type])
+        _collective(comm, "Allgather", MPI.IN_PLACE, [out, mpi_type])
     else:
-        comm.Allgatherv(MPI.IN_PLACE, [out, counts, displs, mpi_type])
+        _collective(comm, "Allgatherv", MPI.IN_PLACE, [out, counts, displs, mpi_type])
 
 
 _RECEIVE = {}  # dtype -> a receive buffer reused by every allreduce_sum (grown as needed)

@@ -1,0 +1,79 @@
+"""A UCE repaired in place (dsim.ft.in_place), on 8 real ranks: the damaged rank asks its replica for the buffers
+the error hit while every other rank only answers at its checks (as at every layer of a fault-tolerant step)."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conftest import small_config
+from dsim.engine import build_run
+from dsim.faults import UCEError, corrupt
+from dsim.ft.in_place import InPlace
+from test_parallel_equivalence import agree
+
+pytestmark = pytest.mark.mpi(min_size=8)
+DAMAGED = 3  # on dp2 x mp4 its replica is rank 7
+
+
+def trained(comm):
+    cfg = small_config(parallel__data_parallel=2, parallel__model_parallel=4, optimizer__name="adam",
+                       train__steps_per_epoch=2, tft__uce="true")
+    run = build_run(cfg, comm)
+    run.model.train(1, run.loader)
+    return run
+
+
+def owned(run) -> dict:
+    return {name: arr.copy() for name, arr in run.optimizer.owned_arrays()}
+
+
+def attempt(comm, run, point="forward"):
+    """Rank DAMAGED loses half its buffers and repairs in place; the others answer until it is done."""
+    said = []
+    in_place = InPlace(run, said.append)
+    repaired = None
+    if comm.rank == DAMAGED:
+        error = UCEError(DAMAGED, "in a test", corrupt(run.optimizer, DAMAGED))
+        repaired = in_place.repair(error, point)
+        done = comm.Ibarrier()
+    else:
+        done = comm.Ibarrier()
+        while not done.Test():
+            in_place.serve()
+    done.Wait()
+    return repaired, said, in_place.declined
+
+
+def test_the_damaged_rank_gets_the_buffers_hit_from_its_replica_bit_for_bit():
+    comm = MPI.COMM_WORLD.Dup()
+    run = trained(comm)
+    before, step = owned(run), run.optimizer.global_step
+    repaired, said, _ = attempt(comm, run)
+    after = owned(run)
+    same = all(np.array_equal(before[n], after[n]) for n in before)
+    ok = same and run.optimizer.global_step == step and not run.optimizer.damaged and run.optimizer.states()
+    if comm.rank == DAMAGED:
+        ok = ok and repaired is True and len(said) == 1
+    agree(comm, ok, f"repaired={repaired} same={same}")
+    comm.Free()
+
+
+def test_a_replica_hit_too_says_it_cannot_and_the_damaged_rank_is_left_to_the_job_wide_repair():
+    comm = MPI.COMM_WORLD.Dup()
+    run = trained(comm)
+    if comm.rank == 7:
+        run.optimizer.invalidate()  # its memory failed too: it holds nothing to give
+    repaired, _, declined = attempt(comm, run)
+    # the damaged rank knows at once (no wait for a timeout) and still offers nothing
+    ok = (repaired is False and declined == "the replica cannot" and run.optimizer.damaged
+          and not run.optimizer.states()) if comm.rank == DAMAGED else True
+    agree(comm, ok, f"repaired={repaired} {declined}")
+    comm.Free()
+
+
+def test_outside_a_forward_pass_it_is_not_tried():
+    comm = MPI.COMM_WORLD.Dup()
+    run = trained(comm)
+    repaired, _, declined = attempt(comm, run, point="update")
+    ok = repaired is False and declined == "not here" if comm.rank == DAMAGED else True
+    agree(comm, ok, f"repaired={repaired}")
+    comm.Free()
