@@ -76,8 +76,9 @@ class InPlace:
             self.serve()  # a replica of this rank asking this rank (hit too) hears it cannot
             if time.monotonic() > deadline or world.Is_revoked():
                 break
-        if not reqs[0].Test() or answer[0] != 1:  # no answer in time, or "cannot": the job-wide repair
-            self.declined = "no answer" if not reqs[0].Test() else "the replica cannot"
+        answered = reqs[0].Test()  # a completed request is null already: Test says True again
+        if not answered or answer[0] != 1:  # no answer in time, or "cannot": the job-wide repair
+            self.declined = "the replica cannot" if answered else "no answer"
             for r in reqs:
                 if r != MPI.REQUEST_NULL:  # the completed ones are null already
                     r.Cancel()
