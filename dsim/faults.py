@@ -8,7 +8,8 @@
 - at forward / allreduce / update: in the middle of step N's forward pass (half the layers done), of its
   gradient all-reduce over data parallel (between the reduce-scatter and the all-gather), or of its
   optimizer update (half the parameters updated): the other ranks are inside that phase's collectives;
-- at save: rank R dies half-way through writing its file of the checkpoint due at step N;
+- at save: rank R dies half-way through writing its file of the checkpoint due at step N (with async_save,
+  its training waits for that write: it dies before starting step N+1, the others inside that step);
 - at commit: rank R dies after every file of that checkpoint is written, before the commit record.
 rank null means every rank (for exceptions); a list such as [0, 4] names several (they all fire), and with
 a list of steps as long as it, each rank fires at its own step (rank: [0, 5], step: [6, 13]).
@@ -158,6 +159,13 @@ POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "co
 def armed(point: str) -> bool:
     """Whether a fault is set to strike at this point (e.g. "save": the saver then stops half-way to let it)."""
     return _armed is not None and _armed.at == point
+
+
+def strikes(point: str, global_step: int) -> bool:
+    """Whether the configured fault fires on this rank at this point of this step (not yet fired)."""
+    f = _armed
+    return (f is not None and f.kind != "plan" and f.at == point and not f.fired
+            and (f.step is None or f.step == global_step) and (f.ranks is None or f.my_rank in f.ranks))
 
 
 def at_point(point: str, global_step: int) -> None:

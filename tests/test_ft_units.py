@@ -314,3 +314,21 @@ def test_the_launcher_stops_a_stall_and_kills_every_rank_on_a_timeout(tmp_path):
                         f"sys.exit(launcher.run([sys.executable, '-c', 'import time; time.sleep(60)'], timeout=30))"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "launcher stall" in p.stderr
+
+
+def test_a_fault_strikes_only_its_rank_at_its_point_and_step_and_once():
+    from types import SimpleNamespace
+    from dsim import faults
+    injector = faults.FaultInjector("kill", rank=[0, 4], step=14, at="save")
+    run = SimpleNamespace(original_args=lambda: SimpleNamespace(rank=4, optimizer=None, model=None))
+    injector.begin(run)
+    try:
+        assert faults.strikes("save", 14)
+        assert not faults.strikes("save", 13) and not faults.strikes("commit", 14)
+        injector.my_rank = 1
+        assert not faults.strikes("save", 14)
+        injector.my_rank, injector.fired = 4, True
+        assert not faults.strikes("save", 14)
+    finally:
+        injector.end(run)
+    assert not faults.strikes("save", 14)

@@ -320,6 +320,8 @@ class ModelCheckpoint(Callback):
                 pending.writer = BackgroundWrite(
                     lambda check: write_file(path, meta, whole, append, half, after_each=check), copies)
                 cb.optimizer.hold_until(pending.writer.copied)
+                if faults.strikes("save", step):  # the rank dies in its writer before its next step starts, so
+                    pending.writer.wait()         # where the others stop does not depend on thread timing
             elif whole is not None:
                 written = write_file(path, meta, whole, append, half)
         except Exception as e:  # every rank must learn of it, or the others wait forever
