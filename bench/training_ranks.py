@@ -1,6 +1,6 @@
 """Training with and without checkpoints on every rank, in one job: the time per step of each.
 
-    $ mpirun -n 8 python -m bench.training_ranks --plan none=50,1=10,10=30,a10=30,100=100 --repeats 3 --dir /tmp/b --out r.json
+    $ mpirun -n 8 python -m bench.training_ranks --plan none=50,1=10,10=30,a10=30,p10=30,100=100 --repeats 3 --dir /tmp/b --out r.json
 
 For every repeat, in a rotating order, each variant builds a fresh run from the config (default:
 configs/default.yaml, dp2 x mp4, 32M parameters) and trains it as `python -m dsim.train` does, with the
@@ -9,8 +9,10 @@ or checkpoints disabled). A last callback stamps the end of every step on rank 0
 (end of training - end of the first step) / (steps - 1): build time and the first step's warm-up
 are left out, every save after the first step is in. --plan gives the steps of each variant: fewer for
 small k, whose per-step figure settles sooner, at least k for every k so that it saves every k steps;
-aK is every K steps with checkpoint.async_save. Per variant it also records how long each save held up its
-step (ModelCheckpoint.stalls: a synchronous save's whole time, an async save's snapshot) and the peak
+aK is every K steps with checkpoint.async_save, pK the same staged in the page cache
+(checkpoint.async_staging: page_cache). Per variant it also records how long each save held up its
+step (ModelCheckpoint.stalls: a synchronous save's whole time, an async save's start), how long the update
+after an async save waited for its staging (Optimizer.held), and the peak
 resident memory of each rank (VmHWM, reset before the variant through /proc/self/clear_refs) beside the
 bytes of its parameters, gradients and optimizer state.
 """
@@ -49,17 +51,19 @@ class StepClock(Callback):
 
 
 def variants(plan: str):
-    """[(label, k or None, steps, async)] from "none=100,1=20,a10=30...": no checkpoints, then every k steps
-    (aK: async saves every K steps)."""
+    """[(label, k or None, steps, async staging or None)] from "none=100,1=20,a10=30,p10=30...": no checkpoints,
+    then every k steps (aK: async saves every K steps staged in memory; pK: staged in the page cache)."""
     out = []
     for item in plan.split(","):
         k, steps = item.split("=")
         if k == "none":
-            out.append(("none", None, int(steps), False))
+            out.append(("none", None, int(steps), None))
         elif k.startswith("a"):
-            out.append((f"async k={int(k[1:])}", int(k[1:]), int(steps), True))
+            out.append((f"async k={int(k[1:])}", int(k[1:]), int(steps), "memory"))
+        elif k.startswith("p"):
+            out.append((f"async page_cache k={int(k[1:])}", int(k[1:]), int(steps), "page_cache"))
         else:
-            out.append((f"k={int(k)}", int(k), int(steps), False))
+            out.append((f"k={int(k)}", int(k), int(steps), None))
     return out
 
 
@@ -89,10 +93,11 @@ def state_bytes(run) -> int:
             + sum(arr.nbytes for _, _, arr in run.optimizer.state_items()))
 
 
-def train_once(comm, config, overrides, label, k, steps, d: Path, async_save=False) -> dict:
+def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) -> dict:
     ckpt = ["checkpoint.enabled=false"] if k is None else [
         "checkpoint.enabled=true", f"checkpoint.save_checkpoint_steps={k}", "checkpoint.save_checkpoint_epochs=null",
-        f"checkpoint.directory={d / 'checkpoints'}", f"checkpoint.async_save={str(async_save).lower()}"]
+        f"checkpoint.directory={d / 'checkpoints'}", f"checkpoint.async_save={str(staging is not None).lower()}",
+        f"checkpoint.async_staging={staging or 'memory'}"]
     cfg = load_config(config, [*overrides, "train.epochs=1", f"train.steps_per_epoch={steps}",
                                f"data.num_samples={steps * 32}", "data.batch_size=32", "output.progress_bar=false",
                                f"output.loss_every={steps}", f"output.dir={d}", *ckpt])
@@ -107,12 +112,14 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, async_save=Fal
     saves = sum(len(c.saved) for c in savers)
     stalls = [s for c in savers for s in c.stalls]
     stall = comm.allreduce(statistics.median(stalls) if stalls else 0.0, op=MPI.MAX)
+    held = run.optimizer.held  # how long each update after an async save waited for its staging
+    held = comm.allreduce(statistics.median(held) if held else 0.0, op=MPI.MAX)
     rss, state = comm.allgather(peak_rss()), comm.allgather(state_bytes(run))
     snapshot = comm.allgather(sum(c.snapshot.bytes() for c in savers))
     run.groups.free()
     ends = clock.ends
     return {"steps": len(ends), "saves": saves, "step_s": (clock.finished - ends[0]) / (len(ends) - 1),
-            "stall_s": stall, "peak_rss_bytes": rss, "state_bytes": state, "snapshot_bytes": snapshot,
+            "stall_s": stall, "held_s": held, "peak_rss_bytes": rss, "state_bytes": state, "snapshot_bytes": snapshot,
             "peak_reset": reset}
 
 
@@ -120,8 +127,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.training_ranks", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--plan", default="none=50,1=10,10=30,a10=30,100=100",
-                    help="variants and their steps: none=N (no checkpoints), K=N (every K steps), aK=N (async)")
+    ap.add_argument("--plan", default="none=50,1=10,10=30,a10=30,p10=30,100=100",
+                    help="variants and their steps: none=N (no checkpoints), K=N (every K steps), aK=N (async), "
+                         "pK=N (async staged in the page cache)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
@@ -133,10 +141,10 @@ def main(argv=None):
     for rep in range(args.repeats):
         order = todo[rep % len(todo):] + todo[:rep % len(todo)]
         out = {"order": [v[0] for v in order], "variants": {}}
-        for label, k, steps, async_save in order:
+        for label, k, steps, staging in order:
             d = base / f"repeat_{rep}" / label.replace("=", "").replace(" ", "_")
-            out["variants"][label] = {"k": k, "async": async_save,
-                                      **train_once(comm, args.config, args.overrides, label, k, steps, d, async_save)}
+            out["variants"][label] = {"k": k, "async": staging is not None, "staging": staging,
+                                      **train_once(comm, args.config, args.overrides, label, k, steps, d, staging)}
             if comm.rank == 0:
                 shutil.rmtree(d, ignore_errors=True)
                 v = out["variants"][label]

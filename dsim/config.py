@@ -107,6 +107,7 @@ class CheckpointSection:
     group_info_file: Optional[str] = None    # also $GROUP_INFO_FILE; "{rank}" is replaced by the rank
     on_save_error: str = "stop"              # stop (exit 1) | continue (warn, retry at the next save)
     async_save: bool = False                 # write in a background thread from a snapshot; commit when all are durable
+    async_staging: str = "memory"            # the snapshot: memory (a reused buffer) | page_cache (the file itself)
 
 
 @dataclass
@@ -376,6 +377,6 @@ def ranges(cfg: Config) -> None:
         from .checkpoint import CheckpointConfig, CheckpointError
         try:
             CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
-                             c.integrated_save, c.append_info, c.async_save)
+                             c.integrated_save, c.append_info, c.async_save, c.async_staging)
         except CheckpointError as e:
             raise ConfigError(f"config: {e}") from None

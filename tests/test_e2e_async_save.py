@@ -12,19 +12,22 @@ ASYNC = ["--set", "checkpoint.async_save=true", "--set", "train.epochs=3"]
 SAVED = re.compile(r"^checkpoint saved: run/checkpoints/(\S+) \(.* in the background, the step stalled \d+ ms\)$", re.M)
 
 
-def test_async_save_kill_mid_write_then_resume_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("staging", ["memory", "page_cache"])
+def test_async_save_kill_mid_write_then_resume_is_bit_identical(tmp_path, staging):
+    """With either staging (a snapshot buffer, or the live arrays written into the page cache)."""
     ref_dir, dir_ = tmp_path / "ref", tmp_path / "async"
     ref_dir.mkdir(), dir_.mkdir()
     ref = mpirun(8, [*RUN, "--set", "train.epochs=3"], cwd=ref_dir, check=0)
+    opts = [*ASYNC, "--set", f"checkpoint.async_staging={staging}"]
     # rank 3 is killed by its writer thread half-way through its file of step 20, while training goes on
-    crash = mpirun(8, [*RUN, *ASYNC, "--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.at=save",
+    crash = mpirun(8, [*RUN, *opts, "--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.at=save",
                        "--set", "fault.step=20"], cwd=dir_, timeout=120)
     assert crash.returncode != 0 and "killing rank 3 (SIGKILL) during the save of step 20" in crash.stdout
     ckpt = dir_ / "run" / "checkpoints"
     assert SAVED.findall(crash.stdout) == ["network-1_10"]
     assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_10.commit"]  # step 20 never committed
 
-    resumed = mpirun(8, [*RUN, *ASYNC, "--resume", "auto"], cwd=dir_, check=0)
+    resumed = mpirun(8, [*RUN, *opts, "--resume", "auto"], cwd=dir_, check=0)
     assert "resumed from run/checkpoints/rank_0/network-1_10.h5 (global step 10: epoch 2 step 0)" in resumed.stdout
     assert SAVED.findall(resumed.stdout) == ["network_1-2_10", "network_1-3_10"]
     assert LOSS.findall(resumed.stdout) == LOSS.findall(ref.stdout)[1:]

@@ -218,6 +218,10 @@ def test_async_save_config():
     assert load_config(None, ["checkpoint.async_save=true"]).checkpoint.async_save is True
     with pytest.raises(ConfigError, match="checkpoint.async_save must be bool"):
         load_config(None, ["checkpoint.async_save=sometimes"])
+    assert load_config(None).checkpoint.async_staging == "memory"
+    assert load_config(None, ["checkpoint.async_staging=page_cache"]).checkpoint.async_staging == "page_cache"
+    with pytest.raises(ConfigError, match="^config: checkpoint: async_staging must be memory or page_cache, got 'disk'$"):
+        load_config(None, ["checkpoint.async_staging=disk"])
 
 
 def test_on_save_error_config():

@@ -313,3 +313,56 @@ def test_the_background_write_copies_the_snapshot_first_and_says_so(tmp_path):
     assert w.wait()[1] is None
     shard = read_file(tmp_path / "x.h5")
     assert all(shard.tensors[n].data.tobytes() == a.tobytes() for n, a in original.items())
+
+
+def test_page_cache_staging_writes_the_live_arrays_and_says_when_they_may_change(tmp_path):
+    """checkpoint.async_staging: page_cache. The thread writes the live arrays themselves through the page
+    cache (no snapshot buffer, no direct I/O) and sets `copied` once every tensor's bytes are in the file,
+    before its fsync and rename: what changes in the live arrays after that is not in the file."""
+    ts = tensors(7)
+    w_live = next(t for t in ts if t.name == "w")
+    w_live.data = aligned.copy_of(w_live.data)  # aligned, as the model's arrays: direct I/O would take it
+    original = {t.name: t.data.copy() for t in ts}
+    seen = {}
+
+    def staged_then_wait(on_staged):
+        def staged():
+            seen["tmp"] = [p.name for p in tmp_path.iterdir()]  # the temporary only: not renamed yet
+            seen["cached"] = resident_pages(tmp_path / "x.h5.tmp")
+            on_staged()
+            assert release.wait(10)
+        return staged
+    release = threading.Event()
+    w = BackgroundWrite(lambda check, staged: write_file(tmp_path / "x.h5", META, ts, {}, after_each=check,
+                                                         direct=False, on_staged=staged_then_wait(staged)),
+                        staged_by_write=True)
+    assert w.copied.wait(30) and not w.done()
+    for t in ts:
+        t.data[...] = 0                        # the next update, once the bytes are staged
+    release.set()
+    assert w.wait()[1] is None
+    assert seen["tmp"] == ["x.h5.tmp"]
+    cached, total = seen["cached"]
+    assert cached >= w_live.data.nbytes // aligned.PAGE  # w went through the page cache, not around it
+    shard = read_file(tmp_path / "x.h5")
+    assert all(shard.tensors[n].data.tobytes() == a.tobytes() for n, a in original.items())
+
+
+def test_page_cache_staging_sets_copied_when_the_write_fails_or_is_abandoned(tmp_path):
+    bad = BackgroundWrite(lambda check, staged: write_file(tmp_path / "nodir" / "\0x.h5", META, tensors(), {},
+                                                           direct=False, on_staged=staged), staged_by_write=True)
+    assert bad.wait()[1] is not None and bad.copied.is_set()  # the update that waits for it is not held forever
+    go, release = threading.Event(), threading.Event()
+
+    def each(check):
+        go.set()
+        release.wait(10)
+        check()
+    w = BackgroundWrite(lambda check, staged: write_file(tmp_path / "y.h5", META, tensors(), {},
+                                                         after_each=lambda: each(check), direct=False,
+                                                         on_staged=staged), staged_by_write=True)
+    assert go.wait(10) and not w.copied.is_set()       # the first tensor is written, the rest are not
+    threading.Timer(0.2, release.set).start()
+    result, error = w.abandon()
+    assert result is None and isinstance(error, Abandoned) and w.copied.is_set()
+    assert not list(tmp_path.glob("y.h5*"))

@@ -1,10 +1,16 @@
 """Async save (`checkpoint.async_save: true`, MindSpore's CheckpointConfig(async_save=True)).
 
-The step that triggers a save only starts a thread (`BackgroundWrite`): it copies the state into a
-snapshot buffer allocated once and reused (`Snapshot`, the host-side analogue of a pinned staging buffer),
-then writes and fsyncs the file from it, while training goes on. The forward and backward of the next step
-only read the parameters; its optimizer update, the first write to them, waits until the copy is done
-(`Optimizer.hold_until`), so the snapshot is the saved step's state exactly. The thread makes no MPI call (dsim's MPI is not
+The step that triggers a save only starts a thread (`BackgroundWrite`) that stages the state, then writes
+and fsyncs the file while training goes on. Where the staged copy lives is `checkpoint.async_staging`:
+- `memory` (the default): a snapshot buffer allocated once and reused (`Snapshot`, the host-side analogue of
+  a pinned staging buffer): the fastest copy, but as much memory as the state saved, held for the whole run;
+- `page_cache`: the file itself. The thread writes the live arrays through the page cache (no direct I/O):
+  once the kernel holds the bytes the arrays may change, and the fsync that follows waits for the disk.
+  The process holds no copy; the kernel's dirty pages are written out and become reclaimable cache, but
+  copying into fresh page-cache pages costs more CPU than into a reused buffer.
+The forward and backward of the next step only read the parameters; its optimizer update, the first write
+to them, waits until the state is staged (`Optimizer.hold_until`), so the file is the saved step's state
+exactly. The thread makes no MPI call (dsim's MPI is not
 initialised for threads calling collectives). The commit protocol stays on the main thread, in
 ModelCheckpoint:
 1. (all ranks) at the save's step: wait for the previous background save and commit it, snapshot, start the thread;
@@ -61,17 +67,25 @@ class Snapshot:
 class BackgroundWrite:
     """A thread: the copies [(snapshot buffer, live array)] first (then `copied` is set, also when it fails or is
     abandoned), then write(check); `check()` (called between copies and by write between tensors) raises once
-    abandoned."""
+    abandoned. With staged_by_write (page-cache staging, no copies) it calls write(check, staged) instead, and
+    `copied` is set when write calls staged() (or when it ends without)."""
 
-    def __init__(self, write, copies=()):
+    def __init__(self, write, copies=(), staged_by_write: bool = False):
         self.result = self.error = None
         self._abandon = threading.Event()
         self.copied = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(write, list(copies)), name="dsim-async-save")
+        self._thread = threading.Thread(target=self._run, args=(write, list(copies), staged_by_write),
+                                        name="dsim-async-save")
         self._thread.start()
 
-    def _run(self, write, copies):
+    def _run(self, write, copies, staged_by_write):
         try:
+            if staged_by_write:
+                try:
+                    self.result = write(self._check, self.copied.set)
+                finally:
+                    self.copied.set()
+                return
             try:
                 for dst, src in copies:
                     self._check()

@@ -8,12 +8,15 @@ import numpy as np
 
 from .errors import CheckpointError
 
+ASYNC_STAGING = ("memory", "page_cache")  # an async save's snapshot: a reused buffer, or the file's page cache
+
 
 @dataclass
 class CheckpointConfig:
     """save_checkpoint_steps / save_checkpoint_epochs (one of them), keep_checkpoint_max, integrated_save,
     append_info: ["epoch_num", "step_num", {str: int | float | bool | str | array}], async_save (write the
-    files in a background thread from a snapshot; commit once every rank's file is durable)."""
+    files in a background thread from a snapshot; commit once every rank's file is durable), async_staging
+    (where an async save's snapshot lives: "memory", a reused buffer, or "page_cache", the file itself)."""
 
     save_checkpoint_steps: Optional[int] = None
     save_checkpoint_epochs: Optional[int] = None
@@ -21,6 +24,7 @@ class CheckpointConfig:
     integrated_save: bool = False
     append_info: list = field(default_factory=list)
     async_save: bool = False
+    async_staging: str = "memory"
 
     def __post_init__(self):
         if self.save_checkpoint_steps is None and self.save_checkpoint_epochs is None:
@@ -33,6 +37,8 @@ class CheckpointConfig:
                 raise CheckpointError(f"checkpoint: {name} must be a positive integer, got {value!r}")
         if not isinstance(self.async_save, bool):
             raise CheckpointError(f"checkpoint: async_save must be true or false, got {self.async_save!r}")
+        if self.async_staging not in ASYNC_STAGING:
+            raise CheckpointError(f"checkpoint: async_staging must be memory or page_cache, got {self.async_staging!r}")
         for item in self.append_info:
             if isinstance(item, dict):
                 for key, value in item.items():

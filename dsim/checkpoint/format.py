@@ -203,9 +203,10 @@ class _Sink(io.RawIOBase):
     leaves broken objects whose clean-up prints tracebacks and can end the process with a segmentation fault.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, direct: bool = True):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.direct = tensor_io.open_direct_write(path)  # the tensors' aligned bytes (None: no direct I/O here)
+        # the tensors' aligned bytes (None: no direct I/O here, or buffered writes asked for)
+        self.direct = tensor_io.open_direct_write(path) if direct else None
         self.pos = self.size = 0
         self.error = None
 
@@ -302,11 +303,15 @@ def fsync_path(path) -> None:
         os.close(fd)
 
 
-def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None, after_each=None) -> Written:
+def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=None, after_each=None,
+               direct: bool = True, on_staged=None) -> Written:
     """Write a checkpoint file via a temporary name, fsync it, rename it into place; returns (size, digest).
 
     on_half_written() is called once half of the tensors are in the file (fault injection); after_each()
     after every tensor (an async save's thread stops there when abandoned: what it raises ends the write).
+    direct=False writes every tensor through the page cache; on_staged() is then called once the last tensor's
+    bytes are there, before the fsync: from that moment the arrays may change (an async save staged in the
+    page cache lets the next update go on, while the kernel writes the bytes out).
     Every tensor's dataset is allocated when the file is created, their space reserved on the disk at once
     (tensor_io.preallocate: a disk without room fails here, before a byte is written), and each one's bytes
     go straight from the array to their place in the file (tensor_io), with the CRC-32 computed on the way.
@@ -319,7 +324,7 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
     sink = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        sink = _Sink(tmp)
+        sink = _Sink(tmp, direct)
         threshold, interval = tensor_io.ALIGNMENT
         with h5py.File(sink, "w", alignment_threshold=threshold, alignment_interval=interval) as f:
             f.attrs["format"], f.attrs["format_version"] = FORMAT, VERSION
@@ -348,6 +353,8 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
                     on_half_written()
                 if after_each is not None:
                     after_each()
+            if on_staged is not None:
+                on_staged()
             for key, value in append_info.items():
                 f.create_dataset(f"append_info/{key}", data=value)
             if append_info:

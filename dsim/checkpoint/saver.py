@@ -163,7 +163,7 @@ def abandon_in_flight(why: str):
 
 
 def copying_in_flight() -> bool:
-    """Whether this process's async save is still copying the live state into its snapshot."""
+    """Whether this process's async save is still copying the live state into its snapshot (or the page cache)."""
     p = _active.pending if _active is not None else None
     writer = getattr(p, "writer", None)
     return writer is not None and not writer.copied.is_set()
@@ -223,7 +223,7 @@ class ModelCheckpoint(Callback):
         if failed:
             raise SaveError(f"cannot write to the checkpoint directory {self.directory}: "
                             + self._summary(failed) + f" ({free_space(self.directory)})")
-        if self.config.async_save and not self.config.integrated_save:  # the snapshot buffer, touched now
+        if self._snapshots():  # the snapshot buffer, touched now
             for t in self.snapshot.take(state_tensors(cb.network, cb.optimizer)):
                 t.data.fill(0)
 
@@ -314,11 +314,16 @@ class ModelCheckpoint(Callback):
                     whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
                                     t.global_shape), full[t.name], t.split, False) for t in tensors]
             copies = ()
-            if self.config.async_save and not self.config.integrated_save:
+            if self._snapshots():
                 whole, copies = self.snapshot.plan(tensors)  # copied by the thread, before the next update
             if whole is not None and self.config.async_save:
-                pending.writer = BackgroundWrite(
-                    lambda check: write_file(path, meta, whole, append, half, after_each=check), copies)
+                if self.config.async_staging == "page_cache" and not self.config.integrated_save:
+                    pending.writer = BackgroundWrite(  # the live arrays straight into the page cache
+                        lambda check, staged: write_file(path, meta, whole, append, half, after_each=check,
+                                                         direct=False, on_staged=staged), staged_by_write=True)
+                else:
+                    pending.writer = BackgroundWrite(
+                        lambda check: write_file(path, meta, whole, append, half, after_each=check), copies)
                 cb.optimizer.hold_until(pending.writer.copied)
                 if faults.strikes("save", step):  # the rank dies in its writer before its next step starts, so
                     pending.writer.wait()         # where the others stop does not depend on thread timing
@@ -334,6 +339,11 @@ class ModelCheckpoint(Callback):
         name = self._conclude(cb, pending, error, storage, written)
         self.stalls.append(time.perf_counter() - t0)
         return name
+
+    def _snapshots(self) -> bool:
+        """Whether saves copy the state into the reused snapshot buffer (async, per rank, staged in memory)."""
+        c = self.config
+        return c.async_save and not c.integrated_save and c.async_staging == "memory"
 
     def poll(self, cb) -> None:
         """At a step end: commit the save in flight once every rank's background write has finished

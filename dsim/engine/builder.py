@@ -79,7 +79,7 @@ class Run:
         c = cfg.checkpoint
         if c.enabled:
             config = CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
-                                      c.integrated_save, c.append_info, c.async_save)
+                                      c.integrated_save, c.append_info, c.async_save, c.async_staging)
             cbs.append(ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error))
         if cfg.fault.kind:
             f = cfg.fault

@@ -6,6 +6,8 @@ next forward pass sees the whole model-parallel slice.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .. import aligned
@@ -32,6 +34,7 @@ class Optimizer:
         self.global_step = 0
         self._scratch = {}  # dtype -> two CHUNK-sized temporaries
         self._holds = []    # events to wait for before the next update changes the arrays (hold_until)
+        self.held = []      # seconds each held update waited (an async save's staging not done yet)
         self.bind(params)
 
     def bind(self, params) -> None:
@@ -62,8 +65,11 @@ class Optimizer:
 
         `halfway`, if given, is called after half the parameters are updated (a fault point).
         """
-        while self._holds:  # a reader of the arrays not done yet (an async save's snapshot copy)
-            self._holds.pop().wait()
+        if self._holds:  # a reader of the arrays not done yet (an async save's snapshot copy)
+            t0 = time.perf_counter()
+            while self._holds:
+                self._holds.pop().wait()
+            self.held.append(time.perf_counter() - t0)
         lr = self.current_lr()
         for i, p in enumerate(self.params):
             if halfway is not None and i == len(self.params) // 2:
