@@ -19,6 +19,7 @@ bytes of its parameters, gradients and optimizer state.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import statistics
@@ -101,6 +102,7 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) 
     cfg = load_config(config, [*overrides, "train.epochs=1", f"train.steps_per_epoch={steps}",
                                f"data.num_samples={steps * 32}", "data.batch_size=32", "output.progress_bar=false",
                                f"output.loss_every={steps}", f"output.dir={d}", *ckpt])
+    gc.collect()  # the previous variant's run (reference cycles) freed now, not inside this one's peak
     reset = reset_peak_rss()
     run = build_run(cfg, comm)
     clock = StepClock()

@@ -364,6 +364,8 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
         if sink.error is not None:
             raise sink.error
         os.fsync(sink.fd)
+        if not direct:  # staged in the page cache: durable now, so give its pages back for the next save to reuse
+            os.posix_fadvise(sink.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         sink.close()
         os.replace(tmp, path)
         fsync_path(path.parent)
