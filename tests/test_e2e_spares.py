@@ -10,6 +10,14 @@ from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_e
 
 pytestmark = pytest.mark.e2e
 SPARE = ["--set", "tft.spares=1"]
+# Open MPI's launcher under ULFM now and then stays after every rank has ended (about 1 job in 20 here);
+# dsim/ft/launcher.py stops it and exits 1, as it cannot learn the ranks' own status (2) from a stalled mpirun
+STALL_NOTE = "dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it"
+
+
+def refused(proc) -> bool:
+    """Every rank refused the job with exit status 2 (1 when the launcher stalled after they all had)."""
+    return proc.returncode == 2 or (proc.returncode == 1 and STALL_NOTE in proc.stderr)
 
 
 def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
@@ -33,7 +41,7 @@ def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
 
 def test_a_job_without_room_for_its_spares_is_one_line(tmp_path):
     proc = mpirun(8, ["-m", "dsim.train", *OPTS, *SPARE], cwd=tmp_path, timeout=60, ft=True)
-    assert proc.returncode == 2
+    assert refused(proc), proc.stderr
     assert error_lines(proc) == [
         "dsim: error: tft.spares=1: mpirun -n 8 leaves 7 training rank(s) beside the spare(s), and model_parallel=4 "
         "does not divide the world size 7; launch mpirun -n 9 (8 training ranks + 1 spare(s))"], proc.stderr
@@ -42,7 +50,7 @@ def test_a_job_without_room_for_its_spares_is_one_line(tmp_path):
 def test_the_spare_leaves_with_a_job_that_ends_in_an_error(tmp_path):
     """No checkpoint to resume (an error after the spare began waiting), then a fault nobody can repair."""
     proc = mpirun(9, ["-m", "dsim.train", *OPTS, *SPARE, "--resume", "auto"], cwd=tmp_path, timeout=60, ft=True)
-    assert proc.returncode == 2 and error_lines(proc) == ["dsim: error: no committed checkpoint in run/checkpoints"]
+    assert refused(proc) and error_lines(proc) == ["dsim: error: no committed checkpoint in run/checkpoints"]
     # dp2 x mp4 with optimizer shard 2: no rank holds rank 5's slices, so the spare cannot help; the job exits 1
     proc = mpirun(9, ["-m", "dsim.train", *OPTS, *LAYOUTS["dp2xmp4k2"], *SPARE, *fault("kill", 5, "forward", 13)],
                   cwd=tmp_path, timeout=120, ft=True)
