@@ -38,7 +38,8 @@ class CheckpointConfig:
         if not isinstance(self.async_save, bool):
             raise CheckpointError(f"checkpoint: async_save must be true or false, got {self.async_save!r}")
         if self.async_staging not in ASYNC_STAGING:
-            raise CheckpointError(f"checkpoint: async_staging must be memory or page_cache, got {self.async_staging!r}")
+            raise CheckpointError(f"checkpoint: async_staging must be {' or '.join(ASYNC_STAGING)}, "
+                                  f"got {self.async_staging!r}")
         for item in self.append_info:
             if isinstance(item, dict):
                 for key, value in item.items():

@@ -223,7 +223,7 @@ class ModelCheckpoint(Callback):
         if failed:
             raise SaveError(f"cannot write to the checkpoint directory {self.directory}: "
                             + self._summary(failed) + f" ({free_space(self.directory)})")
-        if self._snapshots():  # the snapshot buffer, touched now
+        if self._staging() == "memory":  # the snapshot buffer, touched now
             for t in self.snapshot.take(state_tensors(cb.network, cb.optimizer)):
                 t.data.fill(0)
 
@@ -313,11 +313,11 @@ class ModelCheckpoint(Callback):
                 if rank == 0:  # full tensors are new arrays: they are the snapshot
                     whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
                                     t.global_shape), full[t.name], t.split, False) for t in tensors]
-            copies = ()
-            if self._snapshots():
+            copies, staging = (), self._staging()
+            if staging == "memory":
                 whole, copies = self.snapshot.plan(tensors)  # copied by the thread, before the next update
             if whole is not None and self.config.async_save:
-                if self.config.async_staging == "page_cache" and not self.config.integrated_save:
+                if staging == "page_cache":
                     pending.writer = BackgroundWrite(  # the live arrays straight into the page cache
                         lambda check, staged: write_file(path, meta, whole, append, half, after_each=check,
                                                          direct=False, on_staged=staged), staged_by_write=True)
@@ -340,10 +340,12 @@ class ModelCheckpoint(Callback):
         self.stalls.append(time.perf_counter() - t0)
         return name
 
-    def _snapshots(self) -> bool:
-        """Whether saves copy the state into the reused snapshot buffer (async, per rank, staged in memory)."""
+    def _staging(self):
+        """Where an async per-rank save stages this rank's state (checkpoint.async_staging: "memory", the reused
+        snapshot buffer, or "page_cache", the file itself); None for synchronous or integrated saves (rank 0's
+        gathered full tensors are new arrays, their own snapshot)."""
         c = self.config
-        return c.async_save and not c.integrated_save and c.async_staging == "memory"
+        return c.async_staging if c.async_save and not c.integrated_save else None
 
     def poll(self, cb) -> None:
         """At a step end: commit the save in flight once every rank's background write has finished
