@@ -66,7 +66,7 @@ def job(args, cwd, timeout, log, processes=8):
         out.flush()
         with subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True) as p:
-            how = supervise(p, timeout, stalls=False)  # a launcher stall: the launcher stops it (exit 1)
+            how = supervise(p, timeout, stalls=False)  # a launcher stall: the launcher stops it
             p.wait()
     if how == "timeout":
         raise RuntimeError(f"dsim.train timed out after {timeout} s; log {log}")

@@ -45,7 +45,8 @@ def launch_env():
 
 def mpirun(n, args, cwd, timeout=180, check=None, ft=False, env=None):
     """Run `mpirun -n N python -m ...args` in cwd, through dsim/ft/launcher.py as the launch scripts run it (a
-    launcher stall stopped: exit 1; a launcher that failed to start started again); returns CompletedProcess.
+    launcher stall stopped, exiting with the ranks' status or else 1; a launcher that failed to start started
+    again); returns CompletedProcess.
 
     ft=True runs it as the launch scripts do: with MPI fault tolerance (launch/ft.sh). env: more variables.
     """

@@ -11,13 +11,14 @@ from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_e
 pytestmark = pytest.mark.e2e
 SPARE = ["--set", "tft.spares=1"]
 # Open MPI's launcher under ULFM now and then stays after every rank has ended (about 1 job in 20 here);
-# dsim/ft/launcher.py stops it and exits 1, as it cannot learn the ranks' own status (2) from a stalled mpirun
-STALL_NOTE = "dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it"
+# dsim/ft/launcher.py stops it and exits with the ranks' own status (2) when it can read it from the ranks left
+# unreaped, else 1 and says so
+UNTOLD = "(an Open MPI launcher stall); stopped it, exit status 1 (the ranks' status unknown, so 1)"
 
 
 def refused(proc) -> bool:
-    """Every rank refused the job with exit status 2 (1 when the launcher stalled after they all had)."""
-    return proc.returncode == 2 or (proc.returncode == 1 and STALL_NOTE in proc.stderr)
+    """Every rank refused the job with exit status 2 (1 when the launcher stalled and had reaped them unread)."""
+    return proc.returncode == 2 or (proc.returncode == 1 and UNTOLD in proc.stderr)
 
 
 def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):

@@ -316,6 +316,51 @@ def test_the_launcher_stops_a_stall_and_kills_every_rank_on_a_timeout(tmp_path):
     assert p.returncode == 1 and "launcher stall" in p.stderr
 
 
+def test_the_status_after_a_stall_is_told_from_the_ranks():
+    """mpirun under ULFM ends with a status its ranks exited with; a rank killed by a signal is tolerated (0 when
+    the others exit 0). dsim/ft/launcher.py tells the same from the wait statuses of a stalled mpirun's ranks."""
+    from dsim.ft.launcher import ranks_status
+    exited = lambda code: code << 8  # noqa: E731 (a wait status)
+    assert ranks_status([exited(2)] * 8) == 2
+    assert ranks_status([exited(1)] * 7 + [9]) == 1                         # the last gasp: 7 survivors exit 1
+    assert ranks_status([exited(0)] * 7 + [9]) == 0                         # a rank killed, the others finished
+    assert ranks_status([exited(3), exited(2), exited(2), exited(0)]) == 2   # the most common failure
+    assert ranks_status([exited(3), exited(2)]) == 3                        # a tie: the higher
+    assert ranks_status([exited(2), None, exited(0)]) == 2                  # a failure read is enough
+    assert ranks_status([exited(0), None]) is None                          # a rank reaped unread may have failed
+    assert ranks_status([9, 9]) is None and ranks_status([]) is None        # nothing exited: cannot be told
+
+
+def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
+    """A "launcher" that leaves its "ranks" unreaped (zombies) and stays: dsim/ft/launcher.py reads their statuses
+    before killing it and exits as mpirun would have; with a rank reaped unread, 1 as before."""
+    import subprocess
+    import sys
+    fake = ("import os, sys, time\n"
+            "for code in map(int, sys.argv[1].split(',')):\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(1.5)\n"          # seen running by the watch
+            "        os.kill(os.getpid(), 9) if code < 0 else os._exit(code)\n"
+            "time.sleep(2.5)\n"
+            "if sys.argv[2] == 'reap':\n"
+            "    os.waitpid(-1, 0)\n"             # one of them reaped, its status lost
+            "time.sleep(60)\n")
+
+    def launch(codes, reap=""):
+        run = "import sys; from dsim.ft import launcher; launcher.STALL_SECONDS = 1.5; " \
+              "sys.exit(launcher.run(sys.argv[1:], timeout=50))"
+        p = subprocess.run([sys.executable, "-c", run, sys.executable, "-c", fake, codes, reap or "-"],
+                           capture_output=True, text=True, timeout=60)
+        assert "launcher stall" in p.stderr, p.stderr
+        return p.returncode, p.stderr
+    code, err = launch("2,2,2,2")
+    assert code == 2 and "exit status 2 (the ranks' own)" in err, err
+    assert launch("0,0,-9")[0] == 0
+    assert launch("1,1,-9")[0] == 1
+    code, err = launch("0,0", reap="reap")
+    assert code == 1 and "exit status 1 (the ranks' status unknown, so 1)" in err, err
+
+
 def test_a_fault_strikes_only_its_rank_at_its_point_and_step_and_once():
     from types import SimpleNamespace
     from dsim import faults

@@ -2,7 +2,8 @@
 
 - a **stall**: under ULFM it now and then stays alive after every rank of a job with a dead rank has ended
   (about once in ten to twenty such jobs on a loaded 2-core machine; all its ranks gone, prterun blocked on
-  a lock). It is stopped then, instead of waited for forever.
+  a lock). It is stopped then, instead of waited for forever, and the launcher exits with the status mpirun
+  would have given, told from the ranks it left unreaped (ranks_status), or 1 when that cannot be told.
 - a **failed start**: now and then it exits before starting any rank, with "The PMIx server's listener
   thread failed to start" (once in some hundreds of launches; seen in CI). No rank ran, so nothing was read
   or written: it is started again, up to START_TRIES times.
@@ -58,10 +59,10 @@ def kill_tree(pid: int, group: bool = True):
             pass
 
 
-def children(pid: int) -> list[int]:
-    """The living child processes of pid (of all its threads): the ranks, for mpirun.
+def children(pid: int, zombies: bool = False) -> list[int]:
+    """The child processes of pid (of all its threads): the ranks, for mpirun.
 
-    Zombies do not count: a stalled launcher does not even reap the rank that was killed.
+    Zombies count only with zombies=True: a stalled launcher does not even reap the rank that was killed.
     """
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -69,7 +70,7 @@ def children(pid: int) -> list[int]:
             found += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, ValueError):
             pass
-    return [c for c in found if _state(c) not in ("Z", "X", None)]
+    return [c for c in found if _state(c) not in ((None,) if zombies else ("Z", "X", None))]
 
 
 def alive(pid: int) -> bool:
@@ -77,40 +78,86 @@ def alive(pid: int) -> bool:
     return _state(pid) not in ("Z", "X", None)
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command's name (the state first), [] when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _state(pid: int):
     """The one-letter state of a process (R, S, Z, ...), None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def wait_status(pid: int):
+    """A zombie's wait status (as waitpid gives it: the exit status times 256, or the signal that killed it),
+    read without reaping it; None when pid is not a zombie (alive, or reaped and gone).
+
+    Field 52 of /proc/<pid>/stat (Linux 3.5 and later), readable by the owner of the process."""
+    fields = _stat(pid)
+    if len(fields) < 50 or fields[0] != "Z":
         return None
+    return int(fields[49])
+
+
+def ranks_status(statuses: list) -> int | None:
+    """The exit status mpirun would have given, told from its ranks' wait statuses (None: not read).
+
+    Under ULFM a rank killed by a signal is a failure the job tolerates, and mpirun ends with a status its
+    ranks exited with (measured on Open MPI 5.0: 0 when the others exit 0; one of theirs when some do not).
+    So: the status most ranks exited with among those that did not exit 0 (the higher on a tie); 0 when
+    every rank was read, none exited other than 0 and at least one exited 0; None when it cannot be told
+    (a rank reaped unread may have failed; every rank killed by a signal).
+    """
+    failed = sorted(s >> 8 for s in statuses if s is not None and s & 0x7F == 0 and s >> 8)
+    if failed:
+        return max(failed, key=lambda code: (failed.count(code), code))
+    if statuses and None not in statuses and any(s == 0 for s in statuses):
+        return 0
+    return None
 
 
 class StallWatch:
-    """Feed it the time now and then while mpirun runs; it says when mpirun has stalled."""
+    """Feed it the time now and then while mpirun runs; it says when mpirun has stalled, and then, from the
+    ranks it has seen, the status mpirun would have ended with (read before mpirun is killed: init reaps the
+    zombies of a killed mpirun, and their statuses with them)."""
 
     def __init__(self, pid: int, seconds: float = STALL_SECONDS):
         self.pid, self.seconds, self.idle_since = pid, seconds, None
+        self.ranks: set[int] = set()  # every rank seen running
+        self.ranks_status = None      # after a stall, supervise() sets it from status()
 
     def stalled(self, now: float) -> bool:
-        if children(self.pid):
+        running = children(self.pid)
+        self.ranks.update(running)
+        if running:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
         return self.idle_since is not None and now - self.idle_since > self.seconds
 
+    def status(self) -> int | None:
+        """ranks_status of every rank seen running and of every zombie left (a rank may end unseen)."""
+        return ranks_status([wait_status(pid) for pid in self.ranks | set(children(self.pid, zombies=True))])
+
 
 def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_seconds: float = STALL_SECONDS,
-              group: bool = True) -> str:
+              group: bool = True, watch: StallWatch | None = None) -> str:
     """Wait for proc (mpirun, or a launch script that runs it) to end.
 
     Returns "ended"; or, with proc and every process below it (every rank) SIGKILLed, and its process group
     with group=True (proc started with start_new_session=True), "stalled" when every rank had ended and
     mpirun stayed (stalls=True), "timeout" past `timeout` seconds. wait() waits a second at most and raises
     subprocess.TimeoutExpired when proc has not ended (by default proc.wait; proc.communicate to collect
-    pipes); the caller reaps proc after a kill.
+    pipes); the caller reaps proc after a kill. A watch given (stalls=True) is the one used: after a stall
+    its `ranks_status` holds the status told from the ranks (StallWatch.status), read before the kill.
     """
     wait = wait or (lambda: proc.wait(timeout=1))
-    watch, start = StallWatch(proc.pid, stall_seconds) if stalls else None, time.time()
+    watch = (watch or StallWatch(proc.pid, stall_seconds)) if stalls else None
+    start = time.time()
     while True:
         try:
             wait()
@@ -119,13 +166,16 @@ def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_second
             now = time.time()
             why = "stalled" if watch is not None and watch.stalled(now) else "timeout" if now - start > timeout else None
             if why is not None:
+                if why == "stalled":
+                    watch.ranks_status = watch.status()
                 kill_tree(proc.pid, group)
                 return why
 
 
 def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) -> int:
     """Run mpirun (cmd) as a user's command: output passed through, a stall stopped, a failed start tried
-    again. Returns its exit status (1 after a stall, 124 after the timeout, as timeout(1) does).
+    again. Returns its exit status: after a stall, the one told from the ranks (ranks_status; 1 when it
+    cannot be told); 124 after the timeout, as timeout(1) does.
 
     mpirun stays in the caller's process group, so whoever stops the caller's group (a test's timeout, a
     terminal's Ctrl-C) stops it too; SIGINT and SIGTERM sent to this process alone are passed to it.
@@ -145,18 +195,20 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         # SIGTERM whichever came: started in the background of a script, mpirun ignores SIGINT
         forward = lambda signum, frame: proc.send_signal(signal.SIGTERM)  # noqa: E731
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        watch = StallWatch(proc.pid, STALL_SECONDS)
         try:
-            how = supervise(proc, float("inf") if timeout is None else timeout, stall_seconds=STALL_SECONDS,
-                            group=False)
+            how = supervise(proc, float("inf") if timeout is None else timeout, group=False, watch=watch)
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
         proc.wait()
         relayed.join(timeout=5)
         if how == "stalled":
-            print("dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it",
-                  file=sys.stderr)
-            return 1
+            status = 1 if watch.ranks_status is None else watch.ranks_status
+            told = "the ranks' own" if watch.ranks_status is not None else "the ranks' status unknown, so 1"
+            print(f"dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it, "
+                  f"exit status {status} ({told})", file=sys.stderr)
+            return status
         if how == "timeout":
             print(f"dsim: error: mpirun still running after {timeout:g} s; stopped it", file=sys.stderr)
             return 124
