@@ -332,8 +332,9 @@ def test_the_status_after_a_stall_is_told_from_the_ranks():
 
 
 def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
-    """A "launcher" that leaves its "ranks" unreaped (zombies) and stays: dsim/ft/launcher.py reads their statuses
-    before killing it and exits as mpirun would have; with a rank reaped unread, 1 as before."""
+    """A "launcher" that leaves its "ranks" unreaped (zombies) and stays: dsim/ft/launcher.py stops it
+    ENDED_SECONDS after the ranks seen running have ended (not STALL_SECONDS), reads their statuses before
+    killing it and exits as mpirun would have; with a rank reaped unread, 1 as before."""
     import subprocess
     import sys
     fake = ("import os, sys, time\n"
@@ -341,13 +342,13 @@ def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
             "    if os.fork() == 0:\n"
             "        time.sleep(1.5)\n"          # seen running by the watch
             "        os.kill(os.getpid(), 9) if code < 0 else os._exit(code)\n"
-            "time.sleep(2.5)\n"
+            "time.sleep(2)\n"
             "if sys.argv[2] == 'reap':\n"
             "    os.waitpid(-1, 0)\n"             # one of them reaped, its status lost
             "time.sleep(60)\n")
 
     def launch(codes, reap=""):
-        run = "import sys; from dsim.ft import launcher; launcher.STALL_SECONDS = 1.5; " \
+        run = "import sys; from dsim.ft import launcher; launcher.STALL_SECONDS = 60; launcher.ENDED_SECONDS = 1.5; " \
               "sys.exit(launcher.run(sys.argv[1:], timeout=50))"
         p = subprocess.run([sys.executable, "-c", run, sys.executable, "-c", fake, codes, reap or "-"],
                            capture_output=True, text=True, timeout=60)

@@ -58,7 +58,7 @@ class Job:
 
     def _ranks_ended(self, now: float) -> bool:
         """Every rank has ended (after some were seen) and mpirun stays: a launcher stall (dsim.ft.launcher)
-        that the launch script would stop only after 15 s, which a campaign would count as downtime."""
+        that the launch script would stop only after 3 s, which a campaign would count as downtime."""
         if self.mpirun is None or not alive(self.mpirun):
             # the script runs mpirun through dsim.ft.launcher: a grandchild
             self.mpirun = next((c for c in descendants(self.proc.pid) if _name(c) in ("mpirun", "prterun")), None)

@@ -2,8 +2,10 @@
 
 - a **stall**: under ULFM it now and then stays alive after every rank of a job with a dead rank has ended
   (about once in ten to twenty such jobs on a loaded 2-core machine; all its ranks gone, prterun blocked on
-  a lock). It is stopped then, instead of waited for forever, and the launcher exits with the status mpirun
-  would have given, told from the ranks it left unreaped (ranks_status), or 1 when that cannot be told.
+  a lock). It is stopped then, instead of waited for forever: ENDED_SECONDS after the last rank seen running
+  has ended (a healthy prterun ends within 0.05 s of it), STALL_SECONDS when no rank was seen running. The
+  launcher then exits with the status mpirun would have given, told from the ranks it left unreaped
+  (ranks_status), or 1 when that cannot be told.
 - a **failed start**: now and then it exits before starting any rank, with "The PMIx server's listener
   thread failed to start" (once in some hundreds of launches; seen in CI). No rank ran, so nothing was read
   or written: it is started again, up to START_TRIES times.
@@ -23,7 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-STALL_SECONDS = 15  # no rank left for this long, and mpirun still there: stalled
+STALL_SECONDS = 15  # no rank running for this long, and mpirun still there: stalled
+ENDED_SECONDS = 3   # the same once ranks were seen running: a healthy mpirun ends 0.05 s after its last rank
 START_TRIES = 3     # a launcher that failed to start is started again, this many launches in all
 # What mpirun prints when it failed before starting any rank, for a cause that passes (not bad input)
 START_FAILURES = ("The PMIx server's listener thread failed to start",)
@@ -125,8 +128,9 @@ class StallWatch:
     ranks it has seen, the status mpirun would have ended with (read before mpirun is killed: init reaps the
     zombies of a killed mpirun, and their statuses with them)."""
 
-    def __init__(self, pid: int, seconds: float = STALL_SECONDS):
+    def __init__(self, pid: int, seconds: float = STALL_SECONDS, ended_seconds: float | None = None):
         self.pid, self.seconds, self.idle_since = pid, seconds, None
+        self.ended_seconds = ENDED_SECONDS if ended_seconds is None else ended_seconds
         self.ranks: set[int] = set()  # every rank seen running
         self.ranks_status = None      # after a stall, supervise() sets it from status()
 
@@ -137,7 +141,8 @@ class StallWatch:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = now
-        return self.idle_since is not None and now - self.idle_since > self.seconds
+        limit = min(self.seconds, self.ended_seconds) if self.ranks else self.seconds
+        return self.idle_since is not None and now - self.idle_since > limit
 
     def status(self) -> int | None:
         """ranks_status of every rank seen running and of every zombie left (a rank may end unseen)."""
