@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..ft.launcher import StallWatch, alive, children, descendants
+from ..ft.launcher import STALL_SECONDS, StallWatch, alive, children, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "DSIM_CAMPAIGN_JOB"
@@ -36,7 +36,8 @@ class Job:
         self.proc = subprocess.Popen(["bash", str(ROOT / "launch" / script), *map(str, args)], cwd=cwd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        self.watch = StallWatch(self.proc.pid)
+        # watches the script (its child is dsim/ft/launcher.py, not a rank): STALL_SECONDS once children were seen too
+        self.watch = StallWatch(self.proc.pid, ended_seconds=STALL_SECONDS)
         self.mpirun, self.ranks_seen, self.idle_since = None, False, None
         self.code = None
         self.ended = None
