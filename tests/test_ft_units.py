@@ -340,9 +340,9 @@ def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
     fake = ("import os, sys, time\n"
             "for code in map(int, sys.argv[1].split(',')):\n"
             "    if os.fork() == 0:\n"
-            "        time.sleep(1.5)\n"          # seen running by the watch
+            "        time.sleep(0.5)\n"          # seen running by the watch, which looks 4 times a second
             "        os.kill(os.getpid(), 9) if code < 0 else os._exit(code)\n"
-            "time.sleep(2)\n"
+            "time.sleep(1)\n"
             "if sys.argv[2] == 'reap':\n"
             "    os.waitpid(-1, 0)\n"             # one of them reaped, its status lost
             "time.sleep(60)\n")

@@ -202,7 +202,10 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         watch = StallWatch(proc.pid, STALL_SECONDS)
         try:
-            how = supervise(proc, float("inf") if timeout is None else timeout, group=False, watch=watch)
+            # ranks looked for 4 times a second: one that ends within a second of starting (a job every rank
+            # refuses) is seen too, so a stall after it is stopped ENDED_SECONDS later, not STALL_SECONDS
+            how = supervise(proc, float("inf") if timeout is None else timeout, wait=lambda: proc.wait(timeout=0.25),
+                            group=False, watch=watch)
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
