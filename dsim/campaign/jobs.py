@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..ft.launcher import STALL_SECONDS, StallWatch, alive, children, descendants
+from ..ft.launcher import STALL_SECONDS, StallWatch, alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "DSIM_CAMPAIGN_JOB"
@@ -38,7 +38,7 @@ class Job:
                                      start_new_session=True)
         # watches the script (its child is dsim/ft/launcher.py, not a rank): STALL_SECONDS once children were seen too
         self.watch = StallWatch(self.proc.pid, ended_seconds=STALL_SECONDS)
-        self.mpirun, self.ranks_seen, self.idle_since = None, False, None
+        self.mpirun, self.ranks_watch = None, None  # mpirun, and a StallWatch of its ranks
         self.code = None
         self.ended = None
 
@@ -65,11 +65,8 @@ class Job:
             self.mpirun = next((c for c in descendants(self.proc.pid) if _name(c) in ("mpirun", "prterun")), None)
             if self.mpirun is None:
                 return False
-        if children(self.mpirun):
-            self.ranks_seen, self.idle_since = True, None
-        elif self.ranks_seen and self.idle_since is None:
-            self.idle_since = now
-        return self.idle_since is not None and now - self.idle_since > ENDED_SECONDS
+            self.ranks_watch = StallWatch(self.mpirun, seconds=float("inf"), ended_seconds=ENDED_SECONDS)
+        return self.ranks_watch.stalled(now)
 
     def stop(self) -> None:
         """SIGKILL the job's process group and any process that carries its id; wait for the script."""
