@@ -4,6 +4,8 @@ Every recovery path across stages ends bit-identical to the uninterrupted run: t
 middle stage, a UCE on a last-stage rank repaired in the job, a dead rank of stage 2 replaced in the job, a lost
 shard of stage 0 taken from its replica at resume. Bad pipeline settings are one line and exit 2.
 """
+import re
+
 import pytest
 
 from conftest import dsim_cli, ROOT, mpirun
@@ -61,7 +63,15 @@ def test_uce_on_a_last_stage_rank_is_repaired_in_the_job(ft_reference, tmp_path)
     ref_losses, ref_ckpt = ft_reference("pp4xdp2")
     proc = mpirun(8, [*PIPELINE, "--set", "tft.uce=true", *fault("uce", 7, "update", 12)], cwd=tmp_path, check=0,
                   ft=True)
-    assert "repaired in the job: rank 7 from rank 6 (group info [6, 7])" in proc.stdout, proc.stdout
+    # rank 7 from its replica; a rank of another stage that does not hold the agreed step (caught mid-update, or
+    # gone on past it: stages run apart) is repaired alongside, from its own replica (seen in CI: rank 5 from 4)
+    line = re.search(r"dsim: uce: rank\(s\) 7 had an uncorrectable memory error \(UCE\); repaired in the job: (.*); "
+                     r"training goes on after step 1[12] ", proc.stdout)
+    assert line, proc.stdout
+    repairs = re.findall(r"rank (\d) from rank (\d) \(group info \[(\d), (\d)\]\)", line[1])
+    assert ("7", "6", "6", "7") in repairs and ", ".join(f"rank {r} from rank {w} (group info [{a}, {b}])"
+                                                       for r, w, a, b in repairs) == line[1], line[1]
+    assert all(int(r) // 2 == int(w) // 2 and [a, b] == sorted([r, w]) for r, w, a, b in repairs), line[1]
     # rank 6 may be stopped in the world's share of the loss, before its update: then step 11 is agreed and
     # step 12 redone, after rank 0 (stage 0) had finished and printed it (seen in CI-like runs); else step 12
     assert redone_once(LOSS.findall(proc.stdout)) == ref_losses
