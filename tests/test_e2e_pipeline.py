@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import dsim_cli, ROOT, mpirun
-from ftjob import LAYOUTS, LOSS, OPTS, error_lines, fault, final_state_equal, redone_once
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal, redone_once
 
 pytestmark = pytest.mark.e2e
 PIPELINE = ["-m", "dsim.train", *OPTS, *LAYOUTS["pp4xdp2"]]
@@ -76,6 +76,24 @@ def test_uce_on_a_last_stage_rank_is_repaired_in_the_job(ft_reference, tmp_path)
     # step 12 redone, after rank 0 (stage 0) had finished and printed it (seen in CI-like runs); else step 12
     assert redone_once(LOSS.findall(proc.stdout)) == ref_losses
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_uces_in_forward_passes_of_two_stages_are_repaired_in_place(ft_reference, tmp_path):
+    """Rank 2 (stage 1) at step 5 and rank 7 (stage 3) at step 12, each in its first micro-batch's forward: each
+    takes the buffers hit from its stage's replica in the other data-parallel copy of the pipeline, which goes on
+    until its next layer or the gradient all-reduce and answers there; nobody else stops, nothing is redone."""
+    ref_losses, ref_ckpt = ft_reference("pp4xdp2")
+    proc = mpirun(8, [*PIPELINE, "--set", "tft.uce=true", *fault("uce", "[2,7]", "forward", "[5,12]")], cwd=tmp_path,
+                  check=0, ft=True)
+    for rank, donor, step in [(2, 3, 5), (7, 6, 12)]:
+        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} "
+                f"from rank {donor} (group info {sorted([rank, donor])}) while the other ranks "
+                f"went on; the forward of step {step} goes on") in proc.stdout, proc.stdout
+    assert "repaired in the job" not in proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses  # each step once
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    assert [(e["damaged"], e["global_step"], e["donors"], e["in_place"]) for e in events(tmp_path, "uce_repair")] == [
+        ([2], 4, {"2": 3}, True), ([7], 11, {"7": 6}, True)]
 
 
 def test_a_dead_rank_of_stage_2_is_replaced_in_the_job(ft_reference, tmp_path):

@@ -8,6 +8,7 @@ from conftest import small_config
 from dsim.engine import build_run
 from dsim.faults import UCEError, corrupt
 from dsim.ft.in_place import InPlace
+from dsim.parallel import groups
 from test_parallel_equivalence import agree
 
 pytestmark = pytest.mark.mpi(min_size=8)
@@ -76,4 +77,29 @@ def test_outside_a_forward_pass_it_is_not_tried():
     repaired, _, declined = attempt(comm, run, point="update")
     ok = repaired is False and declined == "not here" if comm.rank == DAMAGED else True
     agree(comm, ok, f"repaired={repaired}")
+    comm.Free()
+
+
+def test_a_replica_waiting_in_the_gradient_sum_answers_though_a_sum_came_before_the_forward():
+    """A pipeline's last stage sums over dp before its first forward (the Transformer counts the batch's tokens):
+    the step's gradient sum, after the forward, must still wait checking, or a replica already waiting there
+    would answer the damaged rank only after it gave up (ANSWER_TIMEOUT) and left it to the job-wide repair."""
+    comm = MPI.COMM_WORLD.Dup()
+    run = trained(comm)
+    dp, in_place = run.groups.dp, InPlace(run, lambda t: None)
+    groups.watch(run.groups.world, in_place.serve, dp)   # as at the start of every fault-tolerant step
+    try:
+        with groups.before_forward():                     # as dsim.parallel.pipeline does around that sum
+            tokens = groups.allreduce_sum(dp, np.ones(1))
+        repaired = None
+        if comm.rank == DAMAGED:                          # its replica, rank 7, goes on into the gradient sum
+            repaired = in_place.repair(UCEError(DAMAGED, "in a test", corrupt(run.optimizer, DAMAGED)), "forward")
+        grads = groups.allreduce_sum(dp, np.full(5, float(comm.rank)))
+    finally:
+        groups.watch(None)
+    expected = sum(dp.allgather(comm.rank))
+    ok = tokens[0] == 2 and grads[0] == expected
+    if comm.rank == DAMAGED:
+        ok = ok and repaired is True and not run.optimizer.damaged
+    agree(comm, ok, f"repaired={repaired} declined={in_place.declined}")
     comm.Free()

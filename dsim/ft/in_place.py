@@ -13,11 +13,14 @@ before the next one, which waits for the damaged rank's gradients in the data-pa
 Nothing is redone and nobody else stops: the damaged rank's model-parallel group waits in its next sum, as for
 a slow rank, and the losses are those of a run without the error.
 
-It applies to an error in a forward pass, on a layout without pipeline stages and without optimizer sharding
-(a rank's owned slices are then its whole parameters, and its replicas the ranks of its group info), when no
-async save of this rank is still copying its state. Otherwise, or when the replica says it cannot (its memory
-failed too), does not answer within ANSWER_TIMEOUT seconds, or an MPI call fails (another fault, which the
-job-wide repair then handles with this one), the UCEError goes on to the job-wide repair as before.
+It applies to an error in a forward pass, on a layout without optimizer sharding (a rank's owned slices are
+then its whole parameters, and its replicas the ranks of its group info), when no async save of this rank is
+still copying its state. With pipeline stages too: a replica is the rank of the same stage in another
+data-parallel copy of the pipeline, whose micro-batches never wait for the damaged rank's, so it goes on to
+its next layer, or at the latest to that all-reduce, and answers there. Otherwise, or when the replica says
+it cannot (its memory failed too), does not answer within ANSWER_TIMEOUT seconds, or an MPI call fails
+(another fault, which the job-wide repair then handles with this one), the UCEError goes on to the job-wide
+repair as before.
 """
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ class InPlace:
     def armed(self) -> bool:
         """Whether a rank of this layout may repair in place (so every rank must be ready to answer)."""
         layout = self.run.groups.layout
-        return self.run.model.pipeline is None and layout.optimizer_shard == 1 and layout.data_parallel > 1
+        return layout.optimizer_shard == 1 and layout.data_parallel > 1
 
     def applies(self, point: str) -> bool:
         from ..checkpoint.saver import copying_in_flight

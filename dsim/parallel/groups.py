@@ -9,6 +9,8 @@ A model-parallel group on one node sums its activations through shared memory in
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from . import shared
@@ -73,6 +75,18 @@ def check_revoked() -> None:
             raise MPI.Exception(MPI.ERR_REVOKED)
         if _serve is not None:
             _serve()
+
+
+@contextmanager
+def before_forward():
+    """Collectives inside it (a pipeline's last stage counts the global batch over dp before its first forward)
+    leave the step's first sum on the data-parallel group, after the forward, to wait checking (_collective)."""
+    global _serving
+    kept = _serving
+    try:
+        yield
+    finally:
+        _serving = kept
 
 
 def _collective(comm, name: str, *args) -> None:

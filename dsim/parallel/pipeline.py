@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .groups import before_forward
+
 SCHEDULES = ("1f1b", "gpipe")
 
 
@@ -86,8 +88,10 @@ class Pipeline:
         buffer the layers write into) holds their sum afterwards. Returns this rank's share of the loss
         (the last stage's; 0 elsewhere). `halfway` is called after the first forward (a fault point)."""
         xs, ys = micro_batches(inputs, self.micro), micro_batches(labels, self.micro)
-        denominator = (self.network.loss_denominator(inputs, labels, global_batch_size, dp_comm)
-                       if self.last else None)
+        denominator = None
+        if self.last:
+            with before_forward():
+                denominator = self.network.loss_denominator(inputs, labels, global_batch_size, dp_comm)
         kept, douts, requests, loss, done = {}, {}, [], 0.0, 0
         for op, j in self.ops:
             if op == "F":
