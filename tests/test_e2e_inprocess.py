@@ -53,6 +53,25 @@ def test_uce_in_a_forward_pass_is_repaired_in_place_while_the_others_go_on(ft_re
     assert [e["global_step"] for e in events(tmp_path, "recovered")] == [6, 13]
 
 
+def test_with_optimizer_shard_a_uce_in_a_forward_pass_is_repaired_in_place(ft_reference, tmp_path):
+    """dp4 x mp2 with optimizer shard 2: the damaged rank takes its whole weights (owned rows and the rows its
+    shard group all-gathers) and its owned optimizer state from the rank that owns the same rows in the other
+    shard group; every loss and the final state are the uninterrupted run's."""
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
+    proc = mpirun(8, [*UCE, *LAYOUTS["dp4xmp2k2"], *fault("uce", "[3,6]", "forward", "[6,13]")], cwd=tmp_path,
+                  check=0, ft=True)
+    out = proc.stdout
+    for rank, donor, step in [(3, 7, 6), (6, 2, 13)]:
+        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} "
+                f"from rank {donor} (group info {sorted([rank, donor])}) while the other ranks went on; the forward "
+                f"of step {step} goes on") in out, out
+    assert "repaired in the job" not in out
+    assert LOSS.findall(out) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    assert [(e["damaged"], e["donors"], e["in_place"]) for e in events(tmp_path, "uce_repair")] == [
+        ([3], {"3": 7}, True), ([6], {"6": 2}, True)]
+
+
 def test_kill_is_healed_by_a_spawned_replacement(ft_reference, tmp_path):
     """kill -9 of rank 3 with tft.arf: the survivors spawn a new rank 3, merge back to 8, and train on."""
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")

@@ -1,5 +1,7 @@
 """A UCE repaired in place (dsim.ft.in_place), on 8 real ranks: the damaged rank asks its replica for the buffers
 the error hit while every other rank only answers at its checks (as at every layer of a fault-tolerant step)."""
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -15,9 +17,9 @@ pytestmark = pytest.mark.mpi(min_size=8)
 DAMAGED = 3  # on dp2 x mp4 its replica is rank 7
 
 
-def trained(comm):
-    cfg = small_config(parallel__data_parallel=2, parallel__model_parallel=4, optimizer__name="adam",
-                       train__steps_per_epoch=2, tft__uce="true")
+def trained(comm, dp=2, mp=4, k=1):
+    cfg = small_config(parallel__data_parallel=dp, parallel__model_parallel=mp, parallel__optimizer_shard=k,
+                       optimizer__name="adam", train__steps_per_epoch=2, tft__uce="true")
     run = build_run(cfg, comm)
     run.model.train(1, run.loader)
     return run
@@ -102,4 +104,41 @@ def test_a_replica_waiting_in_the_gradient_sum_answers_though_a_sum_came_before_
     if comm.rank == DAMAGED:
         ok = ok and repaired is True and not run.optimizer.damaged
     agree(comm, ok, f"repaired={repaired} declined={in_place.declined}")
+    comm.Free()
+
+
+def test_with_optimizer_shard_the_whole_parameters_come_from_a_replica_once_it_has_synced():
+    """dp4 x mp2 with optimizer shard 2: rank 3 owns half of each weight's rows and their state, rank 7 the same
+    half (group info [3, 7]), and both use whole weights. Rank 7 holds them half new, half stale, between its
+    update and its sync: it must answer only after the sync, with the whole weights."""
+    comm = MPI.COMM_WORLD.Dup()
+    run = trained(comm, dp=4, mp=2, k=2)
+    opt = run.optimizer
+    whole, step = {n: a.copy() for n, a in opt.whole_arrays()}, opt.global_step
+    if comm.rank == 7:   # between its update and its sync: the rows it does not own are not yet the step's
+        opt.__dict__["partial"] = True
+        for p in opt.params:
+            if p.opt_sharded:
+                p.data[...] = -1.0
+                p.owned_data[...] = whole[p.name][p.owned_index]
+    in_place = InPlace(run, lambda t: None)
+    repaired = None
+    if comm.rank == DAMAGED:
+        repaired = in_place.repair(UCEError(DAMAGED, "in a test", corrupt(opt, DAMAGED)), "forward")
+        done = comm.Ibarrier()
+    else:
+        t0 = time.monotonic()
+        done = comm.Ibarrier()
+        while not done.Test():
+            if comm.rank == 7 and opt.partial and time.monotonic() - t0 > 0.3:
+                for p in opt.params:   # its sync
+                    p.data[...] = whole[p.name]
+                opt.__dict__["partial"] = False
+            in_place.serve()
+    done.Wait()
+    same = all(np.array_equal(whole[n], a) for n, a in opt.whole_arrays())
+    ok = same and opt.global_step == step and not opt.damaged
+    if comm.rank == DAMAGED:
+        ok = ok and repaired is True
+    agree(comm, ok, f"repaired={repaired} declined={in_place.declined} same={same}")
     comm.Free()

@@ -13,9 +13,11 @@ before the next one, which waits for the damaged rank's gradients in the data-pa
 Nothing is redone and nobody else stops: the damaged rank's model-parallel group waits in its next sum, as for
 a slow rank, and the losses are those of a run without the error.
 
-It applies to an error in a forward pass, on a layout without optimizer sharding (a rank's owned slices are
-then its whole parameters, and its replicas the ranks of its group info), when no async save of this rank is
-still copying its state. With pipeline stages too: a replica is the rank of the same stage in another
+It applies to an error in a forward pass where every owned slice has a replica (dp / optimizer shard > 1), when
+no async save of this rank is still copying its state. The replicas are the ranks of its group info: they own
+the same slices. Each also holds the same whole parameters (with optimizer shard k > 1, the rows its shard
+group all-gathers too), which are what is sent; a replica between its update and that all-gather answers at
+its first check after it. With pipeline stages too: a replica is the rank of the same stage in another
 data-parallel copy of the pipeline, whose micro-batches never wait for the damaged rank's, so it goes on to
 its next layer, or at the latest to that all-reduce, and answers there. Otherwise, or when the replica says
 it cannot (its memory failed too), does not answer within ANSWER_TIMEOUT seconds, or an MPI call fails
@@ -49,9 +51,10 @@ class InPlace:
         self.probed = 0.0         # when serve() last looked for a request
 
     def armed(self) -> bool:
-        """Whether a rank of this layout may repair in place (so every rank must be ready to answer)."""
+        """Whether a rank of this layout may repair in place (so every rank must be ready to answer): where
+        each owned slice has a replica (dp / optimizer shard > 1)."""
         layout = self.run.groups.layout
-        return layout.optimizer_shard == 1 and layout.data_parallel > 1
+        return layout.data_parallel > layout.optimizer_shard
 
     def applies(self, point: str) -> bool:
         from ..checkpoint.saver import copying_in_flight
@@ -69,7 +72,7 @@ class InPlace:
         donor = replicas[(replicas.index(me) + 1) % len(replicas)]
         keep = opt.intact(step)
         opt.reallocate(keep)  # the buffers hit are thrown away: new pages (the old ones failed)
-        needed = [(i, arr) for i, (name, arr) in enumerate(opt.owned_arrays()) if name not in keep]
+        needed = [(i, arr) for i, (name, arr) in enumerate(opt.whole_arrays()) if name not in keep]
         answer = np.zeros(1, dtype=np.int64)
         reqs = [world.Irecv(answer, source=donor, tag=ANSWER)]
         reqs += [world.Irecv(arr, source=donor, tag=DATA + i) for i, arr in needed]
@@ -100,9 +103,12 @@ class InPlace:
 
     def serve(self) -> None:
         """On any rank: answer a damaged replica's request, if one has come. Sends the buffers it asks for when
-        this rank holds the step it names whole (not inside an update, not hit itself); else says it cannot."""
+        this rank holds the step it names whole (not inside an update, not hit itself); else says it cannot.
+        Between an update and its sync (optimizer shard k > 1) it answers at its next check, once the
+        parameters are whole again."""
         now = time.monotonic()
-        if now - self.probed < PROBE_EVERY:
+        opt = self.run.optimizer
+        if now - self.probed < PROBE_EVERY or (opt.partial and not opt.damaged):
             return
         self.probed = now
         world = self.run.groups.world
@@ -111,10 +117,9 @@ class InPlace:
             return
         asking = status.Get_source()
         step, wanted = world.recv(source=asking, tag=REQUEST)
-        opt = self.run.optimizer
         able = not opt.damaged and opt.phase != IN_PROGRESS and opt.global_step == step
         world.Send(np.array([int(able)], dtype=np.int64), dest=asking, tag=ANSWER)
         if able:
-            owned = [arr for _, arr in opt.owned_arrays()]
+            owned = [arr for _, arr in opt.whole_arrays()]
             for i in wanted:
                 world.Send(np.ascontiguousarray(owned[i]), dest=asking, tag=DATA + i)

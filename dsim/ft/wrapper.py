@@ -25,6 +25,8 @@ class OptTFTWrapper:
         self.__dict__["previous_step"] = None   # None: the copy holds nothing to offer
         self.__dict__["damaged"] = False        # a memory error (UCE) made every copy untrustworthy
         self.__dict__["hit"] = None             # the names of the buffers it damaged (None: unknown, all)
+        self.__dict__["partial"] = False        # between an update and its sync: with optimizer shard k > 1,
+        # the parameters are then new only in their owned part (sync all-gathers the rest)
 
     def __getattr__(self, name):
         return getattr(self.optimizer, name)
@@ -39,6 +41,14 @@ class OptTFTWrapper:
         for state_name, _, arr in self.optimizer.state_items():
             yield state_name, arr
 
+    def whole_arrays(self):
+        """(name, array) of what this rank holds of each owned item: its whole model-parallel slice of every
+        parameter (the owned part and, with optimizer shard k > 1, the rest of the slice), then optimizer state."""
+        for p in self.optimizer.params:
+            yield p.name, p.data
+        for state_name, _, arr in self.optimizer.state_items():
+            yield state_name, arr
+
     def apply(self, halfway=None) -> None:
         """Keep the current owned state, then update (see Optimizer.apply)."""
         prev = self.previous
@@ -46,13 +56,18 @@ class OptTFTWrapper:
             prev = {name: np.empty_like(arr) for name, arr in self.owned_arrays()}
         for name, arr in self.owned_arrays():
             np.copyto(prev[name], arr)
-        self.__dict__.update(previous=prev, previous_step=self.optimizer.global_step, phase=IN_PROGRESS)
+        self.__dict__.update(previous=prev, previous_step=self.optimizer.global_step, phase=IN_PROGRESS, partial=True)
         self.optimizer.apply(halfway)
         self.__dict__["phase"] = DONE
 
     def step(self, shard_comm) -> None:
         self.apply()
+        self.sync(shard_comm)
+
+    def sync(self, shard_comm) -> None:
+        """The whole parameters from the owned parts (see Optimizer.sync); then they are whole again."""
         self.optimizer.sync(shard_comm)
+        self.__dict__["partial"] = False
 
     def states(self) -> dict:
         """step -> {name: array} of the consistent owned states this rank can offer now (none after a UCE)."""
@@ -99,10 +114,10 @@ class OptTFTWrapper:
         self.__dict__.update(damaged=True, phase=NOT_STARTED)  # empty until received
 
     def received(self, step: int) -> None:
-        """The owned slices now hold `step`'s state, sent by a replica."""
+        """The whole parameters and the owned state now hold `step`'s, sent by a replica."""
         self.optimizer.global_step = step
         self._discard_copy()
-        self.__dict__.update(damaged=False, hit=None, phase=NOT_STARTED)
+        self.__dict__.update(damaged=False, hit=None, phase=NOT_STARTED, partial=False)
 
     def restore(self, step: int) -> None:
         """Make the owned slices those of `step` (one of states()); the update of step + 1 is not started."""
