@@ -114,7 +114,7 @@ def test_with_optimizer_shard_the_whole_parameters_come_from_a_replica_once_it_h
     comm = MPI.COMM_WORLD.Dup()
     run = trained(comm, dp=4, mp=2, k=2)
     opt = run.optimizer
-    whole, step = {n: a.copy() for n, a in opt.whole_arrays()}, opt.global_step
+    whole, step = {n: a.copy() for n, a in opt.owned_arrays(whole=True)}, opt.global_step
     if comm.rank == 7:   # between its update and its sync: the rows it does not own are not yet the step's
         opt.__dict__["partial"] = True
         for p in opt.params:
@@ -136,7 +136,7 @@ def test_with_optimizer_shard_the_whole_parameters_come_from_a_replica_once_it_h
                 opt.__dict__["partial"] = False
             in_place.serve()
     done.Wait()
-    same = all(np.array_equal(whole[n], a) for n, a in opt.whole_arrays())
+    same = all(np.array_equal(whole[n], a) for n, a in opt.owned_arrays(whole=True))
     ok = same and opt.global_step == step and not opt.damaged
     if comm.rank == DAMAGED:
         ok = ok and repaired is True

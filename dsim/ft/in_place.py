@@ -72,7 +72,7 @@ class InPlace:
         donor = replicas[(replicas.index(me) + 1) % len(replicas)]
         keep = opt.intact(step)
         opt.reallocate(keep)  # the buffers hit are thrown away: new pages (the old ones failed)
-        needed = [(i, arr) for i, (name, arr) in enumerate(opt.whole_arrays()) if name not in keep]
+        needed = [(i, arr) for i, (name, arr) in enumerate(opt.owned_arrays(whole=True)) if name not in keep]
         answer = np.zeros(1, dtype=np.int64)
         reqs = [world.Irecv(answer, source=donor, tag=ANSWER)]
         reqs += [world.Irecv(arr, source=donor, tag=DATA + i) for i, arr in needed]
@@ -120,6 +120,6 @@ class InPlace:
         able = not opt.damaged and opt.phase != IN_PROGRESS and opt.global_step == step
         world.Send(np.array([int(able)], dtype=np.int64), dest=asking, tag=ANSWER)
         if able:
-            owned = [arr for _, arr in opt.whole_arrays()]
+            owned = [arr for _, arr in opt.owned_arrays(whole=True)]
             for i in wanted:
                 world.Send(np.ascontiguousarray(owned[i]), dest=asking, tag=DATA + i)

@@ -34,18 +34,11 @@ class OptTFTWrapper:
     def __setattr__(self, name, value):
         setattr(self.optimizer, name, value)  # e.g. global_step when a checkpoint is loaded
 
-    def owned_arrays(self):
-        """(name, array) of every owned slice: parameters, then optimizer state."""
+    def owned_arrays(self, whole: bool = False):
+        """(name, array) of every owned slice: parameters, then optimizer state. whole: each parameter's whole
+        model-parallel slice instead of its owned part (with optimizer shard k > 1, the rest of the slice too)."""
         for p in self.optimizer.params:
-            yield p.name, p.owned_data
-        for state_name, _, arr in self.optimizer.state_items():
-            yield state_name, arr
-
-    def whole_arrays(self):
-        """(name, array) of what this rank holds of each owned item: its whole model-parallel slice of every
-        parameter (the owned part and, with optimizer shard k > 1, the rest of the slice), then optimizer state."""
-        for p in self.optimizer.params:
-            yield p.name, p.data
+            yield p.name, p.data if whole else p.owned_data
         for state_name, _, arr in self.optimizer.state_items():
             yield state_name, arr
 
