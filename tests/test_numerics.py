@@ -2,7 +2,7 @@
 import numpy as np
 from mpi4py import MPI
 
-from dsim.nn import create_network, softmax_cross_entropy
+from dsim.nn import create_network, masked_cross_entropy, softmax_cross_entropy
 from dsim.optim import LRSchedule, create_optimizer
 from dsim.parallel.layout import ParallelLayout
 
@@ -40,6 +40,24 @@ def test_loss_is_cross_entropy_of_softmax():
     p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
     assert np.isclose(loss, -(np.log(p[0, 2]) + np.log(p[1, 0])) / 2)
     assert np.allclose(grad.sum(1), 0)
+
+
+def test_cross_entropy_into_the_logits_themselves_gives_the_same_bits():
+    """out=logits (the Transformer's head output, of no further use) writes the gradient over the logits:
+    every bit as a new array, and the masked loss counts only the unmasked rows."""
+    rng = np.random.default_rng(0)
+    logits = (3 * rng.standard_normal((64, 500))).astype(np.float32)
+    labels, mask = rng.integers(0, 500, 64), rng.random(64) > 0.25
+    for fn, args in ((softmax_cross_entropy, (labels, 64)), (masked_cross_entropy, (labels, mask, 50.0))):
+        loss, grad = fn(logits, *args)
+        mine = logits.copy()
+        loss_in, grad_in = fn(mine, *args, out=mine)
+        assert grad_in is mine and loss_in == loss and np.array_equal(grad_in, grad)
+    p = np.exp(logits.astype(np.float64))
+    p /= p.sum(1, keepdims=True)
+    loss, grad = masked_cross_entropy(logits, labels, mask, 50.0)
+    assert np.isclose(loss, -np.log(p[np.arange(64), labels])[mask].sum() / 50.0, rtol=1e-5)
+    assert not grad[~mask].any() and np.allclose(grad[mask].sum(1), 0, atol=1e-6)
 
 
 class _P:

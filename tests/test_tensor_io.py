@@ -48,6 +48,22 @@ def test_round_trip_is_bit_exact_and_plain_h5py_reads_it(tmp_path):
     assert int(shard.append_info["step_num"]) == 4
 
 
+def test_tensor_attributes_are_stored_as_h5pys_own(tmp_path):
+    """The attributes written with low-level calls (each HDF5 type and dataspace made once for all tensors and
+    files) are, type, shape and value, what h5py's attrs[...] = value stores."""
+    for i in range(2):  # the second file reuses the types the first made
+        write_file(tmp_path / f"x{i}.h5", META, tensors(i), {})
+    with h5py.File(tmp_path / "x1.h5", "r") as f, h5py.File(tmp_path / "ref.h5", "w") as ref:
+        for t in tensors(1):
+            ds, mine = f[f"{t.kind}/{t.name}"], ref.create_dataset(t.name, data=0)
+            for name, value in ds.attrs.items():
+                mine.attrs[name] = value
+                ours, theirs = ds.attrs.get_id(name), mine.attrs.get_id(name)
+                assert ours.get_type().equal(theirs.get_type()) and ours.shape == theirs.shape, (t.name, name)
+                assert np.array_equal(mine.attrs[name], value) and type(mine.attrs[name]) is type(value)
+            assert list(ds.attrs["global_shape"]) == list(t.global_shape) and ds.attrs["split"] == "replicated"
+
+
 def test_read_goes_into_given_arrays_when_they_fit(tmp_path):
     ts = tensors()
     write_file(tmp_path / "x.h5", META, ts, {})

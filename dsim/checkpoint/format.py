@@ -114,11 +114,22 @@ def _leaves(key: str, value):
 
 
 _STR = h5py.string_dtype()
+_ATTR_TYPES = {}   # (dtype, shape) -> (file type, dataspace, memory type): made once, used for every tensor
+
+
+def _attr_types(data: np.ndarray) -> tuple:
+    key = (data.dtype, data.shape)
+    types = _ATTR_TYPES.get(key)
+    if types is None:
+        types = _ATTR_TYPES[key] = (h5py.h5t.py_create(data.dtype, logical=True), h5py.h5s.create_simple(data.shape),
+                                    h5py.h5t.py_create(data.dtype))
+    return types
 
 
 def _set_attrs(obj, attrs: dict) -> None:
     """Create the attributes of a new object (ints, int tuples, bools, strings) as h5py's attrs[...] = value
-    would, with the low-level calls only: a checkpoint has hundreds, and h5py's checks cost more than HDF5."""
+    would, with the low-level calls only, each HDF5 type and dataspace made once: a checkpoint has hundreds
+    of tensors, and h5py's checks cost more than HDF5."""
     for name, value in attrs.items():
         if isinstance(value, str):
             data = np.array(value, dtype=_STR)
@@ -126,19 +137,19 @@ def _set_attrs(obj, attrs: dict) -> None:
             data = np.array(bool(value))
         else:
             data = np.asarray(value, dtype=np.int64)
-        htype = h5py.h5t.py_create(data.dtype, logical=True)
-        attr = h5py.h5a.create(obj.id, name.encode(), htype, h5py.h5s.create_simple(data.shape))
+        htype, space, mtype = _attr_types(data)
+        attr = h5py.h5a.create(obj.id, name.encode(), htype, space)
         try:
-            attr.write(data, mtype=h5py.h5t.py_create(data.dtype))
+            attr.write(data, mtype=mtype)
         finally:
             attr.close()
 
 
-def datasets_of(f) -> dict:
-    """(kind, name) -> (dataset, its attributes as plain values) of every dataset of an open checkpoint file,
-    each attribute read once (the metadata checks and the tensors share them)."""
+def datasets_of(f, kinds=("params", "optimizer", "append_info")) -> dict:
+    """(kind, name) -> (dataset, its attributes as plain values) of every dataset of an open checkpoint file
+    (or of the groups named in kinds), each attribute read once (the metadata checks and the tensors share them)."""
     out = {}
-    for kind in ("params", "optimizer", "append_info"):
+    for kind in kinds:
         group = f.get(kind)
         for name, ds in (group.items() if isinstance(group, h5py.Group) else ()):
             out[kind, name] = ds, {k: _plain(v) for k, v in ds.attrs.items()}
@@ -358,7 +369,7 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
             for key, value in append_info.items():
                 f.create_dataset(f"append_info/{key}", data=value)
             if append_info:
-                datasets.update((k, v) for k, v in datasets_of(f).items() if k[0] == "append_info")
+                datasets.update(datasets_of(f, ("append_info",)))
             table = meta_table(f, datasets)
             f.attrs[META_ATTR] = json.dumps(table, sort_keys=True)
         if sink.error is not None:

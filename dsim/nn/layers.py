@@ -144,36 +144,42 @@ class GELU:
         return "GELU()"
 
 
-def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, denominator: int):
-    """Sum of per-sample cross-entropy / denominator, and its gradient w.r.t. logits.
+def _softmax_picked(logits: np.ndarray, labels: np.ndarray, out):
+    """(softmax of each row, written into out (a new array when None; out may be logits itself), and each row's
+    log-probability of its label): one array of logits' size, no log-probabilities of the other classes."""
+    rows = np.arange(logits.shape[0])
+    prob = np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
+    picked = prob[rows, labels]
+    np.exp(prob, out=prob)
+    total = prob.sum(axis=1, keepdims=True)
+    prob /= total
+    return prob, picked - np.log(total[:, 0])
+
+
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, denominator: int, out=None):
+    """Sum of per-sample cross-entropy / denominator, and its gradient w.r.t. logits (written into out, which
+    may be logits itself when the caller has no further use for them).
 
     Dividing by the global batch size (not the local one) makes data-parallel gradients sum to the
     single-process mean.
     """
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    total = exp.sum(axis=1, keepdims=True)
-    log_prob = shifted - np.log(total)
-    n = logits.shape[0]
-    loss = -log_prob[np.arange(n), labels].sum() / denominator
-    grad = exp / total
-    grad[np.arange(n), labels] -= 1
-    return loss, grad / denominator
+    grad, log_prob = _softmax_picked(logits, labels, out)
+    loss = -log_prob.sum() / denominator
+    grad[np.arange(logits.shape[0]), labels] -= 1
+    grad /= denominator
+    return loss, grad
 
 
-def masked_cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, denominator: float):
-    """Sum of the cross-entropy of the rows where mask is true / denominator, and its gradient.
+def masked_cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, denominator: float, out=None):
+    """Sum of the cross-entropy of the rows where mask is true / denominator, and its gradient (into out, as
+    softmax_cross_entropy).
 
     MindSpore's CrossEntropyLoss with an input mask (padding ignored); the denominator is the number of
     unmasked tokens of the global batch, so data-parallel gradients sum to the single-process mean.
     """
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    exp = np.exp(shifted)
-    total = exp.sum(axis=1, keepdims=True)
-    log_prob = shifted - np.log(total)
-    rows = np.arange(logits.shape[0])
+    grad, log_prob = _softmax_picked(logits, labels, out)
     weight = mask.astype(logits.dtype) / logits.dtype.type(denominator)
-    loss = -(log_prob[rows, labels] * weight).sum()
-    grad = exp / total
-    grad[rows, labels] -= 1
-    return loss, grad * weight[:, None]
+    loss = -(log_prob * weight).sum()
+    grad[np.arange(logits.shape[0]), labels] -= 1
+    grad *= weight[:, None]
+    return loss, grad

@@ -166,7 +166,7 @@ class Transformer(Cell):
         """Mean cross-entropy over the global batch's non-padding target tokens (one small all-reduce over dp)."""
         mask = self._token_mask
         count = allreduce_sum(dp_comm, np.array([mask.sum()], dtype=np.float64))[0]
-        return masked_cross_entropy(logits, labels.reshape(-1), mask, max(count, 1.0))
+        return masked_cross_entropy(logits, labels.reshape(-1), mask, max(count, 1.0), out=logits)  # logits: the head's own
 
     # -- pipeline parallel ---------------------------------------------------------------------------
     def pipeline_units(self) -> list:
@@ -187,7 +187,7 @@ class Transformer(Cell):
         return max(count, 1.0)
 
     def micro_loss(self, logits, inputs, labels, denominator):
-        return masked_cross_entropy(logits, labels.reshape(-1), (inputs[1] != PAD).reshape(-1), denominator)
+        return masked_cross_entropy(logits, labels.reshape(-1), (inputs[1] != PAD).reshape(-1), denominator, out=logits)
 
     def backward(self, dlogits, mp_comm):
         dy = self.head.backward(dlogits, mp_comm)
