@@ -250,13 +250,13 @@ class _Sink(io.RawIOBase):
         self.size = max(self.size, self.pos)
         return len(view)
 
-    def write_tensor(self, ds, data: np.ndarray) -> int:
-        """Put an array's bytes in place of its dataset (allocated early); returns their CRC-32.
+    def write_tensor(self, ds, data: np.ndarray, offset) -> int:
+        """Put an array's bytes in place of its dataset (allocated early, its bytes at offset: raw_offset(ds));
+        returns their CRC-32.
 
         After an error nothing more is written (the CRC is still computed, so the file stays consistent
         for HDF5 until write_file raises the error).
         """
-        offset = tensor_io.raw_offset(ds)
         if offset is None:  # not laid out as asked (an empty dataset): HDF5 writes it, through this sink
             if data.size:
                 ds.write_direct(data)
@@ -345,18 +345,18 @@ def write_file(path, meta: dict, tensors, append_info: dict, on_half_written=Non
             placed = []
             for t in tensors:
                 data = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
-                placed.append((f.create_dataset(f"{t.kind}/{t.name}", shape=data.shape, dtype=data.dtype,
-                                                dcpl=tensor_io.early_dcpl()), data))
-            sink.preallocate(max([at + ds.id.get_storage_size() for ds, _ in placed
-                                  if (at := tensor_io.raw_offset(ds)) is not None], default=0))
+                ds = f.create_dataset(f"{t.kind}/{t.name}", shape=data.shape, dtype=data.dtype,
+                                      dcpl=tensor_io.early_dcpl())
+                placed.append((ds, data, tensor_io.raw_offset(ds)))
+            sink.preallocate(max([at + ds.id.get_storage_size() for ds, _, at in placed if at is not None], default=0))
             if sink.error is not None:  # no room for the tensors: known before a byte of them is written
                 raise sink.error
             datasets = {}  # what the checksum table covers, from memory: no second pass over the file
-            for i, (t, (ds, data)) in enumerate(zip(tensors, placed)):
+            for i, (t, (ds, data, at)) in enumerate(zip(tensors, placed)):
                 if isinstance(data, Deferred):
                     data = data.materialize()
                 attrs = dict(global_shape=t.global_shape, offsets=t.where.offsets, extents=t.where.extents,
-                             split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data))
+                             split=t.split, opt_sharded=t.opt_sharded, crc32=sink.write_tensor(ds, data, at))
                 _set_attrs(ds, attrs)
                 datasets[t.kind, t.name] = ds, attrs
                 if on_half_written is not None and i == len(tensors) // 2:
