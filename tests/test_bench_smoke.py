@@ -125,6 +125,7 @@ def test_bench_runs_at_toy_size(tmp_path):
     models = results["suites"]["models"]["figures"]  # each seed model on 2 ranks and in one process
     assert set(models) == {"lenet5", "transformer"}
     assert all(len(f["ranks_over_single"]) == 1 and f["single_step_s"][0] > 0 for f in models.values())
+    assert models["transformer"]["saving_over_none"][0] > 1  # its config saves every step: slower than none
 
     pipe = results["suites"]["pipeline"]["figures"]  # pp1 x dp2 and pp2 x dp1, 2 micro-batches
     assert set(pipe) == {"pp1", "pp2"} and pipe["pp2"]["ideal_bubble"] == 1 / 3
