@@ -5,6 +5,7 @@
 - The Transformer, the distributed page (dp2 x mp4, AdamWeightDecay, small sizes): kill a rank, delete a
   shard, resume from its replica; a LayerNorm damaged on a rank and on its replica taken from another
   holder; the last gasp and a UCE repaired in the job. Each ends bit-identical to an uninterrupted run.
+- The Transformer with the sample's pipeline (2 stages): UCEs in both stages repaired in place, bit-identical.
 """
 import json
 import re
@@ -143,6 +144,35 @@ def test_transformer_uce_is_repaired_in_place(transformer_reference, tmp_path):
             "(group info [2, 6]) while the other ranks went on; the forward of step 9 goes on") in proc.stdout, proc.stdout
     assert LOSS.findall(proc.stdout) == ref_losses
     same_state(ref_ckpt, "test-4_5", tmp_path / "run" / "checkpoints", "test-4_5")
+
+
+PIPELINED = ["-m", "dsim.train", "--config", str(ROOT / "configs" / "transformer_pipeline.yaml"),
+             *[a for kv in ("model.transformer.vocab_size=256", "model.transformer.d_model=32", "data.num_samples=160",
+                            "checkpoint.save_checkpoint_steps=7", "output.dir=run") for a in ("--set", kv)]]
+
+
+def test_transformer_pipeline_uces_in_both_stages_are_repaired_in_place(tmp_path):
+    """The sample's pipeline (configs/transformer_pipeline.yaml: 2 stages of dp2 x mp2, 4 micro-batches, 1F1B;
+    small sizes): a UCE on rank 1 (stage 0, the embeddings and encoder) at step 4 and one on rank 6 (stage 1, the
+    decoder and the head) at step 12, each in a forward pass. Each takes the buffers hit from its stage's replica;
+    nobody else stops, nothing is redone, and every loss and every rank's final state equal the uninterrupted
+    run's. (The replica reached in the dp gradient sum after the last stage's token count: test_in_place_mpi.)"""
+    (tmp_path / "ref").mkdir()
+    ref = mpirun(8, PIPELINED, cwd=tmp_path / "ref", check=0)
+    assert "pipeline_stage=2 micro_batch_num=4 (1f1b); transformer encoder 2 x decoder 2, d_model 32" in ref.stdout
+    ref_losses = LOSS.findall(ref.stdout)
+    assert len(ref_losses) == 20
+    job = tmp_path / "job"
+    job.mkdir()
+    proc = mpirun(8, [*PIPELINED, "--set", "tft.uce=true", "--set", "fault.kind=uce", "--set", "fault.rank=[1,6]",
+                      "--set", "fault.at=forward", "--set", "fault.step=[4,12]"], cwd=job, check=0, ft=True)
+    for rank, donor, step in [(1, 3, 4), (6, 4, 12)]:
+        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} "
+                f"from rank {donor} (group info {sorted([rank, donor])}) while the other ranks went on; the forward "
+                f"of step {step} goes on") in proc.stdout, proc.stdout
+    assert "repaired in the job" not in proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses
+    same_state(tmp_path / "ref" / "run" / "checkpoints", "test-4_5", job / "run" / "checkpoints", "test-4_5")
 
 
 # the last case (a config error, refused by every rank alike before MPI is used) runs without mpirun; the first
