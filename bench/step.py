@@ -105,6 +105,13 @@ def summarize(params: dict, raw: dict) -> dict:
         f["peak_rss_over_state_less_interpreter"] = extra
         rows.append(row(f"{name}: the same, less the interpreter's own RSS before the run "
                         f"({measured[0][0]['dsim']['baseline_rss'] / 2**20:.0f} MiB)", extra, "x"))
+        if all("shared_overcount" in x["dsim"] for r in measured for x in r):
+            pss = [max((x["dsim"]["peak_rss"] - x["dsim"]["shared_overcount"]) / x["dsim"]["state_bytes"] for x in r)
+                   for r in measured]
+            f["peak_pss_over_state"] = pss
+            rows.append(row(f"{name}: the same as PSS, shared pages counted once per node (peak RSS - (RSS - PSS) "
+                            f"at the end; {max(x['dsim']['shared_overcount'] for x in measured[0]) / 2**20:.0f} "
+                            "MiB shared)", pss, "x"))
     return {"params": params, "figures": figures, "raw": raw, "rows": rows}
 
 

@@ -20,7 +20,10 @@ in another framework, beside dsim's step, shows how much of the rest no in-place
 Bandwidth of the data-parallel gradient reduction is compared with a raw mpi4py Allreduce of the same
 bytes, and the model-parallel activation all-reduce with a raw Allreduce of the same bytes.
 Peak RSS is measured over training only (VmHWM, reset after the build), in the first repeat (a fresh
-process), beside the bytes of this rank's parameters, gradients and optimizer state.
+process), beside the bytes of this rank's parameters, gradients and optimizer state. RSS counts every page
+of the shared libraries in every rank of the node; PSS divides each shared page among the processes that
+map it. The kernel keeps no peak PSS, so the peak is estimated as peak RSS less the pages RSS counts over PSS
+at the end of training (RSS - PSS, from /proc/self/smaps_rollup; the shared pages no longer change then).
 """
 from __future__ import annotations
 
@@ -123,6 +126,15 @@ def peak_rss() -> int:
     return _status("VmHWM")
 
 
+def shared_overcount() -> int:
+    """RSS - PSS now: what RSS counts of pages shared with other processes beyond this process's share."""
+    sizes = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
+        key, value = line.split(":", 1)
+        sizes[key] = int(value.split()[0]) * 1024
+    return sizes["Rss"] - sizes["Pss"]
+
+
 BASELINE_RSS = _status("VmRSS")  # the interpreter with numpy, mpi4py, h5py and dsim imported, before any run
 
 
@@ -154,7 +166,7 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     comm.Barrier()
     reset_peak_rss()
     run.model.train(cfg.train.epochs, run.loader, run.callbacks([clock, Mark()]))
-    rss = peak_rss()
+    rss, overcount = peak_rss(), shared_overcount()
     comm.Barrier()
     ends = clock.ends
     steps = len(ends) - 1 - WARMUP
@@ -167,7 +179,7 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     g.dp, g.mp, g.shard = g.dp._comm, g.mp._comm, g.shard._comm
     g.free()
     return {"step_s": step_s, "collectives_s": coll_s, "matmul_s": mm_s, "update_s": update_s,
-            **({"peak_rss": rss, "baseline_rss": BASELINE_RSS} if memory else {}), "state_bytes": state_bytes,
+            **({"peak_rss": rss, "baseline_rss": BASELINE_RSS, "shared_overcount": overcount} if memory else {}), "state_bytes": state_bytes,
             **bw}
 
 

@@ -90,6 +90,7 @@ def test_bench_runs_at_toy_size(tmp_path):
             d = r["dsim"]
             assert d["step_s"] > 0 and d["matmul_s"] > 0 and d["update_s"] > 0
             assert d["peak_rss"] > d["state_bytes"] > 0  # the interpreter alone is larger than a toy model
+            assert 0 <= d["shared_overcount"] < d["peak_rss"]  # RSS - PSS: pages shared with the other processes
     assert step["dp2"]["repeats"][0]["ranks"][0]["dsim"]["dp_raw_s"] > 0
 
     io = results["suites"]["save_load"]
