@@ -201,12 +201,21 @@ def _from_dict(cls, data, prefix=""):
 
 
 def _set_dotted(tree: dict, dotted: str, value) -> None:
+    """Set a dotted key; a mapping set on a section is merged into it (as Hydra's overrides and OmegaConf.merge):
+    `model.transformer={vocab_size: 256}` keeps the config file's other transformer keys."""
     keys = dotted.split(".")
     for k in keys[:-1]:
         tree = tree.setdefault(k, {})
         if not isinstance(tree, dict):
             raise ConfigError(f"config: cannot set {dotted}: {k} is not a section")
-    tree[keys[-1]] = value
+    tree[keys[-1]] = _merged(tree.get(keys[-1]), value)
+
+
+def _merged(old, new):
+    """new over old, sections merged key by key at every depth; anything else replaced."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    return {**old, **{k: _merged(old.get(k), v) for k, v in new.items()}}
 
 
 def config_from_dict(data: dict) -> Config:

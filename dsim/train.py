@@ -23,7 +23,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m dsim.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (default: the built-in defaults, as configs/default.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set optimizer.name=adam (repeatable)")
+                        help="override a config value, e.g. --set optimizer.name=adam (repeatable); a mapping "
+                             "merges into its section: --set 'model.transformer={vocab_size: 256}'")
     parser.add_argument("--resume", metavar="auto|NAME",
                         help="continue from the newest usable committed checkpoint (auto) or a named one, "
                              "e.g. network-6_10; a lost or damaged shard is taken from a replica rank")

@@ -20,6 +20,18 @@ def test_overrides_are_typed():
     assert cfg.optimizer.learning_rate == 1.0 and isinstance(cfg.optimizer.learning_rate, float)
 
 
+def test_a_mapping_override_merges_into_its_section():
+    """As Hydra's overrides: the config file's other keys of the section stay (the pipeline sample's 2 + 2 blocks)."""
+    cfg = load_config(ROOT / "configs" / "transformer_pipeline.yaml",
+                      ["model.transformer={vocab_size: 256, d_model: 32}", "parallel={micro_batch_num: 8}"])
+    t = cfg.model.transformer
+    assert (t.vocab_size, t.d_model, t.num_heads, t.encoder_layers, t.decoder_layers) == (256, 32, 8, 2, 2)
+    assert (cfg.parallel.micro_batch_num, cfg.parallel.pipeline_stage, cfg.parallel.model_parallel) == (8, 2, 2)
+    assert load_config(None, ["model.hidden=[8]", "model.hidden=[4, 4]"]).model.hidden == [4, 4]  # lists: replaced
+    with pytest.raises(ConfigError, match="unknown key 'model.transformer.nope'"):
+        load_config(ROOT / "configs" / "transformer.yaml", ["model.transformer={nope: 1}"])
+
+
 @pytest.mark.parametrize("text,msg", [
     ("parallel: {data_paralel: 2}", "unknown key 'parallel.data_paralel'"),
     ("bogus: 1", "unknown key 'bogus'"),
