@@ -115,11 +115,18 @@ def reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
+def _kib(path: str, *keys) -> list:
+    """The values of `Key:   N kB` lines of a /proc file, in bytes, read at one instant (0 for a key not there)."""
+    found = {}
+    for line in Path(path).read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in keys:
+            found[key] = int(value.split()[0]) * 1024
+    return [found.get(k, 0) for k in keys]
+
+
 def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return _kib("/proc/self/status", key)[0]
 
 
 def peak_rss() -> int:
@@ -128,11 +135,8 @@ def peak_rss() -> int:
 
 def shared_overcount() -> int:
     """RSS - PSS now: what RSS counts of pages shared with other processes beyond this process's share."""
-    sizes = {}
-    for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
-        key, value = line.split(":", 1)
-        sizes[key] = int(value.split()[0]) * 1024
-    return sizes["Rss"] - sizes["Pss"]
+    rss, pss = _kib("/proc/self/smaps_rollup", "Rss", "Pss")
+    return rss - pss
 
 
 BASELINE_RSS = _status("VmRSS")  # the interpreter with numpy, mpi4py, h5py and dsim imported, before any run
@@ -179,8 +183,8 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     g.dp, g.mp, g.shard = g.dp._comm, g.mp._comm, g.shard._comm
     g.free()
     return {"step_s": step_s, "collectives_s": coll_s, "matmul_s": mm_s, "update_s": update_s,
-            **({"peak_rss": rss, "baseline_rss": BASELINE_RSS, "shared_overcount": overcount} if memory else {}), "state_bytes": state_bytes,
-            **bw}
+            **({"peak_rss": rss, "baseline_rss": BASELINE_RSS, "shared_overcount": overcount} if memory else {}),
+            "state_bytes": state_bytes, **bw}
 
 
 def bandwidth(run, g) -> dict:

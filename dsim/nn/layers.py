@@ -144,16 +144,18 @@ class GELU:
         return "GELU()"
 
 
-def _softmax_picked(logits: np.ndarray, labels: np.ndarray, out):
-    """(softmax of each row, written into out (a new array when None; out may be logits itself), and each row's
-    log-probability of its label): one array of logits' size, no log-probabilities of the other classes."""
+def _gradient_rows(logits: np.ndarray, labels: np.ndarray, out):
+    """(softmax - one-hot of the label, row by row: the gradient of each row's cross-entropy, written into out
+    (a new array when None; out may be logits itself), and each row's log-probability of its label): one array
+    of logits' size, no log-probabilities of the other classes."""
     rows = np.arange(logits.shape[0])
-    prob = np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
-    picked = prob[rows, labels]
-    np.exp(prob, out=prob)
-    total = prob.sum(axis=1, keepdims=True)
-    prob /= total
-    return prob, picked - np.log(total[:, 0])
+    grad = np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
+    picked = grad[rows, labels]
+    np.exp(grad, out=grad)
+    total = grad.sum(axis=1, keepdims=True)
+    grad /= total
+    grad[rows, labels] -= 1
+    return grad, picked - np.log(total[:, 0])
 
 
 def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, denominator: int, out=None):
@@ -163,9 +165,8 @@ def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray, denominator: i
     Dividing by the global batch size (not the local one) makes data-parallel gradients sum to the
     single-process mean.
     """
-    grad, log_prob = _softmax_picked(logits, labels, out)
+    grad, log_prob = _gradient_rows(logits, labels, out)
     loss = -log_prob.sum() / denominator
-    grad[np.arange(logits.shape[0]), labels] -= 1
     grad /= denominator
     return loss, grad
 
@@ -177,9 +178,8 @@ def masked_cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarra
     MindSpore's CrossEntropyLoss with an input mask (padding ignored); the denominator is the number of
     unmasked tokens of the global batch, so data-parallel gradients sum to the single-process mean.
     """
-    grad, log_prob = _softmax_picked(logits, labels, out)
+    grad, log_prob = _gradient_rows(logits, labels, out)
     weight = mask.astype(logits.dtype) / logits.dtype.type(denominator)
     loss = -(log_prob * weight).sum()
-    grad[np.arange(logits.shape[0]), labels] -= 1
     grad *= weight[:, None]
     return loss, grad
