@@ -35,7 +35,7 @@ bytecode: venv
 	$(PY) -m compileall -q dsim tests bench >/dev/null
 
 test-serial: bytecode
-	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e"
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e" -n auto  # pytest-xdist: a worker a core
 
 test-mpi: bytecode
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider

@@ -143,18 +143,18 @@ def run_dir(tmp_path):
 @pytest.fixture(scope="session")
 def ft_reference(tmp_path_factory):
     """Uninterrupted runs of the fault-tolerance tests' job (tests/ftjob.py), per layout, made on first use:
-    (loss lines, final checkpoint directory)."""
+    (loss lines, final checkpoint directory); get(layout, output=True) also gives the run's stdout."""
     from ftjob import LAYOUTS, LOSS, OPTS
     cache = {}
 
-    def get(layout):
+    def get(layout, output=False):
         if layout not in cache:
             d = tmp_path_factory.mktemp(f"ref-{layout}")
             proc = mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS[layout]], cwd=d, check=0)
             losses = LOSS.findall(proc.stdout)
             assert len(losses) == 20
-            cache[layout] = losses, d / "run" / "checkpoints"
-        return cache[layout]
+            cache[layout] = losses, d / "run" / "checkpoints", proc.stdout
+        return cache[layout] if output else cache[layout][:2]
     return get
 
 

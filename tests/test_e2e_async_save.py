@@ -12,12 +12,19 @@ ASYNC = ["--set", "checkpoint.async_save=true", "--set", "train.epochs=3"]
 SAVED = re.compile(r"^checkpoint saved: run/checkpoints/(\S+) \(.* in the background, the step stalled \d+ ms\)$", re.M)
 
 
+@pytest.fixture(scope="module")
+def synchronous(tmp_path_factory):
+    """The same 3 epochs with synchronous saves, uninterrupted: (its output, its directory)."""
+    d = tmp_path_factory.mktemp("synchronous")
+    return mpirun(8, [*RUN, "--set", "train.epochs=3"], cwd=d, check=0), d
+
+
 @pytest.mark.parametrize("staging", ["memory", "page_cache"])
-def test_async_save_kill_mid_write_then_resume_is_bit_identical(tmp_path, staging):
+def test_async_save_kill_mid_write_then_resume_is_bit_identical(synchronous, tmp_path, staging):
     """With either staging (a snapshot buffer, or the live arrays written into the page cache)."""
-    ref_dir, dir_ = tmp_path / "ref", tmp_path / "async"
-    ref_dir.mkdir(), dir_.mkdir()
-    ref = mpirun(8, [*RUN, "--set", "train.epochs=3"], cwd=ref_dir, check=0)
+    ref, ref_dir = synchronous
+    dir_ = tmp_path / "async"
+    dir_.mkdir()
     opts = [*ASYNC, "--set", f"checkpoint.async_staging={staging}"]
     # rank 3 is killed by its writer thread half-way through its file of step 20, while training goes on
     crash = mpirun(8, [*RUN, *opts, "--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.at=save",

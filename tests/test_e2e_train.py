@@ -90,17 +90,15 @@ def test_an_exception_on_one_rank_ends_the_job_instead_of_hanging(tmp_path, ft):
 
 
 @pytest.mark.parametrize("layout", ["dp2xmp4", "dp4xmp2k2"])
-def test_sums_through_shared_memory_change_no_bit(tmp_path, layout):
+def test_sums_through_shared_memory_change_no_bit(ft_reference, tmp_path, layout):
     """On one node the mp group sums through shared memory (dsim.parallel.shared); DSIM_SHARED_MEMORY=0 sends
-    every sum through MPI. Same loss lines, same final parameters and Adam moments, bit for bit."""
+    every sum through MPI. Same loss lines, same final parameters and Adam moments, bit for bit (the shared
+    run: the fault-tolerance tests' reference, which runs with the default)."""
     from ftjob import LAYOUTS, LOSS, OPTS, final_state_equal
-    runs = {}
-    for name, env in (("shared", {}), ("mpi", {"DSIM_SHARED_MEMORY": "0"})):
-        (tmp_path / name).mkdir()
-        proc = mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS[layout]], cwd=tmp_path / name, check=0, env=env)
-        runs[name] = proc, LOSS.findall(proc.stdout)
-    assert "; sums in shared memory: mp" in runs["shared"][0].stdout
-    assert "shared memory" not in runs["mpi"][0].stdout
-    assert len(runs["shared"][1]) == 20 and runs["shared"][1] == runs["mpi"][1]
-    final_state_equal(tmp_path / "mpi" / "run" / "checkpoints", tmp_path / "shared" / "run" / "checkpoints",
-                      name="network-2_10")
+    losses, ckpt, out = ft_reference(layout, output=True)
+    mpi = mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS[layout]], cwd=tmp_path, check=0,
+                 env={"DSIM_SHARED_MEMORY": "0"})
+    assert "; sums in shared memory: mp" in out
+    assert "shared memory" not in mpi.stdout
+    assert len(losses) == 20 and losses == LOSS.findall(mpi.stdout)
+    final_state_equal(tmp_path / "run" / "checkpoints", ckpt, name="network-2_10")

@@ -347,19 +347,23 @@ def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
             "    os.waitpid(-1, 0)\n"             # one of them reaped, its status lost
             "time.sleep(60)\n")
 
-    def launch(codes, reap=""):
-        run = "import sys; from dsim.ft import launcher; launcher.STALL_SECONDS = 60; launcher.ENDED_SECONDS = 1.5; " \
-              "sys.exit(launcher.run(sys.argv[1:], timeout=50))"
-        p = subprocess.run([sys.executable, "-c", run, sys.executable, "-c", fake, codes, reap or "-"],
-                           capture_output=True, text=True, timeout=60)
-        assert "launcher stall" in p.stderr, p.stderr
-        return p.returncode, p.stderr
-    code, err = launch("2,2,2,2")
+    run = "import sys; from dsim.ft import launcher; launcher.STALL_SECONDS = 60; launcher.ENDED_SECONDS = 1.5; " \
+          "sys.exit(launcher.run(sys.argv[1:], timeout=50))"
+    cases = [("2,2,2,2", ""), ("0,0,-9", ""), ("1,1,-9", ""), ("0,0", "reap")]  # at once: each waits seconds
+    procs = [subprocess.Popen([sys.executable, "-c", run, sys.executable, "-c", fake, codes, reap or "-"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for codes, reap in cases]
+    got = []
+    for p in procs:
+        try:
+            err = p.communicate(timeout=60)[1]
+        finally:
+            p.kill()
+        assert "launcher stall" in err, err
+        got.append((p.returncode, err))
+    (code, err), ok, failed, (unread, unread_err) = got
     assert code == 2 and "exit status 2 (the ranks' own)" in err, err
-    assert launch("0,0,-9")[0] == 0
-    assert launch("1,1,-9")[0] == 1
-    code, err = launch("0,0", reap="reap")
-    assert code == 1 and "exit status 1 (the ranks' status unknown, so 1)" in err, err
+    assert ok[0] == 0 and failed[0] == 1
+    assert unread == 1 and "exit status 1 (the ranks' status unknown, so 1)" in unread_err, unread_err
 
 
 def test_a_fault_strikes_only_its_rank_at_its_point_and_step_and_once():
