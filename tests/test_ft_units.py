@@ -316,6 +316,34 @@ def test_the_launcher_stops_a_stall_and_kills_every_rank_on_a_timeout(tmp_path):
     assert p.returncode == 1 and "launcher stall" in p.stderr
 
 
+def test_a_launcher_that_aborts_at_its_end_exits_1_with_a_note(tmp_path, capfd):
+    """prterun aborting on glibc's check of a lock after its ranks ended (exit 250, seen under ULFM with a dead
+    rank on a loaded machine): 1 with a note, as after a stall whose ranks cannot be read. Without ranks, or
+    without that message, its status is passed on as it came."""
+    import sys
+    from dsim.ft import launcher
+    assert launcher.aborted_at_end(250, "x\nprterun: tpp.c:83: __pthread_tpp_change_priority: Assertion `new_prio "
+                                        "== -1 || (new_prio >= fifo_min_prio && new_prio <= fifo_max_prio)' failed.\n",
+                                   ranks_ran=True)
+    assert not launcher.aborted_at_end(250, "prterun: a.c:1: f: Assertion `x' failed.", ranks_ran=False)
+    assert not launcher.aborted_at_end(0, "prterun: a.c:1: f: Assertion `x' failed.", ranks_ran=True)
+    assert not launcher.aborted_at_end(1, "python: a.c:1: f: Assertion `x' failed.", ranks_ran=True)  # a rank's
+    fake = ("import os, sys, time\n"
+            "if sys.argv[1] == 'ranks':\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(0.6)\n"          # seen running by the watch, which looks 4 times a second
+            "        os._exit(1)\n"
+            "    os.wait()\n"                     # reaped: its status gone with the launcher
+            "print(sys.argv[2], file=sys.stderr)\n"
+            "sys.exit(250)\n")
+    said = "prterun: tpp.c:83: __pthread_tpp_change_priority: Assertion `new_prio == -1' failed."
+    assert launcher.run([sys.executable, "-c", fake, "ranks", said], timeout=30) == 1
+    assert "mpirun aborted after its ranks had run (an Open MPI launcher fault, its exit status 250" in \
+        capfd.readouterr().err
+    assert launcher.run([sys.executable, "-c", fake, "none", said], timeout=30) == 250
+    assert "mpirun aborted" not in capfd.readouterr().err
+
+
 def test_the_status_after_a_stall_is_told_from_the_ranks():
     """mpirun under ULFM ends with a status its ranks exited with; a rank killed by a signal is tolerated (0 when
     the others exit 0). dsim/ft/launcher.py tells the same from the wait statuses of a stalled mpirun's ranks."""

@@ -1,4 +1,4 @@
-"""Watching mpirun. Open MPI's launcher (prterun) misbehaves in two known ways, neither dsim's doing:
+"""Watching mpirun. Open MPI's launcher (prterun) misbehaves in three known ways, neither dsim's doing:
 
 - a **stall**: under ULFM it now and then stays alive after every rank of a job with a dead rank has ended
   (about once in ten to twenty such jobs on a loaded 2-core machine; all its ranks gone, prterun blocked on
@@ -9,6 +9,11 @@
 - a **failed start**: now and then it exits before starting any rank, with "The PMIx server's listener
   thread failed to start" (once in some hundreds of launches; seen in CI). No rank ran, so nothing was read
   or written: it is started again, up to START_TRIES times.
+- an **abort at its end**: the stall's other face. Instead of blocking on the lock, prterun trips glibc's
+  check of it and aborts ("prterun: tpp.c:83: __pthread_tpp_change_priority: Assertion `...' failed.", exit
+  250), its ranks already ended and reaped (seen once in some forty jobs with a dead rank, two such jobs at a
+  time on 2 cores). The ranks' statuses went with prterun: the launcher exits 1, as after a stall whose
+  ranks cannot be read, with a note.
 
 Whoever runs mpirun goes through here: the tests (conftest.run_command), the benchmarks, the Makefile and
 the launch scripts (`python dsim/ft/launcher.py mpirun ARGS...`, which launch/watch.sh's dsim_watched runs;
@@ -18,6 +23,7 @@ as `python -m dsim.ft.launcher`, which imports dsim first).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,11 +36,18 @@ ENDED_SECONDS = 3   # the same once ranks were seen running: a healthy mpirun en
 START_TRIES = 3     # a launcher that failed to start is started again, this many launches in all
 # What mpirun prints when it failed before starting any rank, for a cause that passes (not bad input)
 START_FAILURES = ("The PMIx server's listener thread failed to start",)
+# What prterun prints when it aborts at its end on a failed check of its own (after its ranks ended)
+END_ABORT = re.compile(r"^prterun: .*Assertion .* failed\.$", re.M)
 
 
 def failed_to_start(returncode: int, stderr: str) -> bool:
     """Whether mpirun ended with `stderr` before starting any rank, for a cause worth another try."""
     return returncode != 0 and any(text in stderr for text in START_FAILURES)
+
+
+def aborted_at_end(returncode: int, stderr: str, ranks_ran: bool) -> bool:
+    """Whether mpirun, whose ranks ran, ended with `stderr` by aborting on a check of its own (END_ABORT)."""
+    return returncode != 0 and ranks_ran and END_ABORT.search(stderr) is not None
 
 
 def descendants(pid: int) -> list[int]:
@@ -188,6 +201,7 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
     for attempt in range(1, tries + 1):
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
         head = bytearray()  # the first of what it printed on stderr: a failed start says so at once
+        tail = bytearray()  # and the last: an abort at its end says so last
 
         def relay(pipe=proc.stderr):
             for chunk in iter(lambda: pipe.read1(65536), b""):
@@ -195,6 +209,8 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
                 sys.stderr.buffer.flush()
                 if len(head) < 65536:
                     head.extend(chunk)
+                tail.extend(chunk)
+                del tail[:-4096]
         relayed = threading.Thread(target=relay, daemon=True)
         relayed.start()
         # SIGTERM whichever came: started in the background of a script, mpirun ignores SIGINT
@@ -220,6 +236,10 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         if how == "timeout":
             print(f"dsim: error: mpirun still running after {timeout:g} s; stopped it", file=sys.stderr)
             return 124
+        if aborted_at_end(proc.returncode, tail.decode(errors="replace"), bool(watch.ranks)):
+            print(f"dsim: note: mpirun aborted after its ranks had run (an Open MPI launcher fault, its exit status "
+                  f"{proc.returncode} not the ranks'); exit status 1 (the ranks' status unknown, so 1)", file=sys.stderr)
+            return 1
         if not failed_to_start(proc.returncode, head.decode(errors="replace")) or attempt == tries:
             return proc.returncode
         print(f"dsim: note: mpirun failed to start (an Open MPI launcher fault, no rank ran); starting it again "
