@@ -27,6 +27,14 @@ def pytest_configure(config):
                 config.pluginmanager.unregister(reporter)
 
 
+def pytest_ignore_collect(collection_path, config):
+    # Under `mpirun pytest --with-mpi` only the MPI tests run: the end-to-end files (which launch mpirun
+    # themselves) are not even imported by the 8 ranks.
+    if config.getoption("with_mpi", default=False) and collection_path.name.startswith("test_e2e_"):
+        return True
+    return None
+
+
 def small_config(**overrides):
     """A fast float64 config (small widths, 20 steps) with dotted-key overrides."""
     from dsim.config import load_config
