@@ -35,7 +35,7 @@ bytecode: venv
 	$(PY) -m compileall -q dsim tests bench >/dev/null
 	@# and pytest's assertion-rewritten test modules, which it reads even where it may not write them: else each
 	@# of the MPI stage's 8 ranks rewrites every test file (collection 16 s -> 4 s there)
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --collect-only -p no:cacheprovider >/dev/null
+	$(ENV) PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --collect-only -p no:cacheprovider >/dev/null
 
 test-serial: bytecode
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e" -n auto  # pytest-xdist: a worker a core

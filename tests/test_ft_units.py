@@ -380,17 +380,16 @@ def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
     cases = [("2,2,2,2", ""), ("0,0,-9", ""), ("1,1,-9", ""), ("0,0", "reap")]  # at once: each waits seconds
     procs = [subprocess.Popen([sys.executable, "-c", run, sys.executable, "-c", fake, codes, reap or "-"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for codes, reap in cases]
-    got = []
-    for p in procs:
-        try:
-            err = p.communicate(timeout=60)[1]
-        finally:
+    try:
+        got = [(p.communicate(timeout=60)[1], p.returncode) for p in procs]
+    finally:
+        for p in procs:
             p.kill()
+    for err, _ in got:
         assert "launcher stall" in err, err
-        got.append((p.returncode, err))
-    (code, err), ok, failed, (unread, unread_err) = got
+    (err, code), (_, ok), (_, failed), (unread_err, unread) = got
     assert code == 2 and "exit status 2 (the ranks' own)" in err, err
-    assert ok[0] == 0 and failed[0] == 1
+    assert ok == 0 and failed == 1
     assert unread == 1 and "exit status 1 (the ranks' status unknown, so 1)" in unread_err, unread_err
 
 

@@ -227,19 +227,19 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
                 signal.signal(s, handler)
         proc.wait()
         relayed.join(timeout=5)
-        if how == "stalled":
+        if how == "ended" and aborted_at_end(proc.returncode, tail.decode(errors="replace"), bool(watch.ranks)):
+            how = "aborted"  # prterun had reaped its ranks: their statuses went with it (ranks_status None)
+        if how in ("stalled", "aborted"):
             status = 1 if watch.ranks_status is None else watch.ranks_status
             told = "the ranks' own" if watch.ranks_status is not None else "the ranks' status unknown, so 1"
-            print(f"dsim: note: every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it, "
-                  f"exit status {status} ({told})", file=sys.stderr)
+            what = ("every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it" if how == "stalled"
+                    else f"mpirun aborted after its ranks had run (an Open MPI launcher fault, its exit status "
+                         f"{proc.returncode} not the ranks')")
+            print(f"dsim: note: {what}, exit status {status} ({told})", file=sys.stderr)
             return status
         if how == "timeout":
             print(f"dsim: error: mpirun still running after {timeout:g} s; stopped it", file=sys.stderr)
             return 124
-        if aborted_at_end(proc.returncode, tail.decode(errors="replace"), bool(watch.ranks)):
-            print(f"dsim: note: mpirun aborted after its ranks had run (an Open MPI launcher fault, its exit status "
-                  f"{proc.returncode} not the ranks'); exit status 1 (the ranks' status unknown, so 1)", file=sys.stderr)
-            return 1
         if not failed_to_start(proc.returncode, head.decode(errors="replace")) or attempt == tries:
             return proc.returncode
         print(f"dsim: note: mpirun failed to start (an Open MPI launcher fault, no rank ran); starting it again "
