@@ -13,6 +13,7 @@ import pytest
 
 from conftest import ROOT, launch_env, mpirun, run_command
 from dsim.checkpoint import load_checkpoint
+from ftjob import redone_once
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = ROOT / "examples"
@@ -157,7 +158,13 @@ def test_uce_example(tmp_path):
     script = ["bash", str(EXAMPLES / "uce" / "msrun.sh")]
     env = {"VIRTUAL_ENV": sys.prefix}
     hit = run_command([*script, *options, "--uce_rank", "3", "--uce_step", "6"], tmp_path, 180, 0, env)
-    assert ("dsim: uce: rank(s) 3 had an uncorrectable memory error (UCE); repaired in the job: rank 3 from rank 7 "
-            "(group info [3, 7]); training goes on after step 6") in hit.stdout, hit.stdout + hit.stderr
+    # after step 6, or after step 5 when rank 7 (whose all-reduce with rank 3 finished there first) was still
+    # in its side of step 6's all-reduce as rank 3 revoked the world: step 6 is then redone, its loss line again
+    repaired = re.search(r"^dsim: uce: rank\(s\) 3 had an uncorrectable memory error \(UCE\); repaired in the job: "
+                         r"rank 3 from rank 7 \(group info \[3, 7\]\); training goes on after step ([56]) ",
+                         hit.stdout, re.M)
+    assert repaired, hit.stdout + hit.stderr
     clean = run_command([*script, *options], tmp_path, 180, 0, env)
-    assert LOSS.findall(hit.stdout) == LOSS.findall(clean.stdout) and len(LOSS.findall(clean.stdout)) == 10
+    losses = LOSS.findall(hit.stdout)
+    assert len(losses) == 10 + (repaired.group(1) == "5"), hit.stdout
+    assert redone_once(losses) == LOSS.findall(clean.stdout) and len(LOSS.findall(clean.stdout)) == 10

@@ -57,4 +57,6 @@ def test_the_spare_leaves_with_a_job_that_ends_in_an_error(tmp_path):
                   cwd=tmp_path, timeout=120, ft=True)
     assert proc.returncode == 1, proc.stderr
     assert "it cannot be repaired: no healthy rank holds the slices of ranks [5]" in proc.stderr
-    assert "launcher stall" not in proc.stderr and "spare: every training process" not in proc.stderr  # released, not orphaned
+    # released, not orphaned: an orphaned spare would say so, and keep mpirun up to the timeout (a launcher stall,
+    # the known Open MPI fault, is told only once every process of the job, the spare too, has ended)
+    assert "spare: every training process" not in proc.stderr
