@@ -7,6 +7,9 @@ CONFIG ?= configs/default.yaml
 ENV := . launch/env.sh &&
 MPIRUN := $(VENV)/bin/mpirun
 TEST_TIMEOUT ?= 2700
+# the end-to-end stage's pytest-xdist workers: two 8-rank jobs at a time on 2 cores keep both busy while one job
+# waits (a campaign's budget, a launcher's start); 0 runs them one at a time
+E2E_WORKERS ?= 2
 
 .PHONY: venv bytecode train test test-serial test-mpi test-e2e bench clean
 
@@ -44,7 +47,7 @@ test-mpi: bytecode
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider
 
 test-e2e: bytecode
-	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e -n $(E2E_WORKERS)
 
 # Benchmarks (not tests): a table on stdout and bench/results/latest.json. BENCH_QUICK=1 for smaller sizes.
 # The optional `bench` extra (torch==2.13.0, CPU build) adds the torch.distributed.checkpoint column.
