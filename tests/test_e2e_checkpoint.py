@@ -1,6 +1,5 @@
 """Checkpoints end to end under mpirun -n 8: the seed's fault-at-epoch-6 scenario, kills mid-save, bad files."""
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -9,13 +8,13 @@ import pytest
 
 from conftest import mpirun
 from dsim.checkpoint import load_checkpoint, restore_group_info_list
+from ftjob import LOSS
 
 pytestmark = pytest.mark.e2e
 RUN = ["-m", "dsim.train", "--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=320",
        "--set", "train.epochs=10", "--set", "output.loss_every=10", "--set", "optimizer.name=adam",
        "--set", "optimizer.learning_rate=0.002", "--set", "parallel.optimizer_shard=2",
        "--set", "output.dir=run"]
-LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 
 
 def listing(ckpt: Path):

@@ -13,11 +13,10 @@ import pytest
 
 from conftest import ROOT, launch_env, mpirun, run_command
 from dsim.checkpoint import load_checkpoint
-from ftjob import redone_once
+from ftjob import LOSS, redone_once
 
 pytestmark = pytest.mark.e2e
 EXAMPLES = ROOT / "examples"
-LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 
 
 def same_state(a_dir, a_name, b_dir, b_name, ranks=8):

@@ -18,9 +18,9 @@ import pytest
 
 from conftest import dsim_cli, flip_byte, ROOT, mpirun
 from dsim.checkpoint import load_checkpoint
+from ftjob import LOSS
 
 pytestmark = pytest.mark.e2e
-LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 LENET = ["-m", "dsim.train", "--config", str(ROOT / "configs" / "lenet5.yaml"), "--set", "data.num_samples=640",
          "--set", "train.steps_per_epoch=2", "--set", "output.loss_every=1", "--set", "output.dir=run"]
 TRANSFORMER = ["-m", "dsim.train", "--config", str(ROOT / "configs" / "transformer.yaml"),

@@ -3,7 +3,6 @@
 The job: dp2 x mp4 (every shard has a replica), Adam, 3 epochs of 10 steps, a checkpoint every 7 steps
 (so the newest one before a kill at step 17 is network-2_4: mid-epoch, global step 14).
 """
-import re
 import shutil
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from conftest import flip_byte, ROOT, launch, mpirun
 from dsim.checkpoint import load_checkpoint
 from dsim.checkpoint.group_info import group_info_list
+from ftjob import LOSS
 
 pytestmark = pytest.mark.e2e
 RUN = ["-m", "dsim.train", "--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=320",
@@ -19,7 +19,6 @@ RUN = ["-m", "dsim.train", "--set", "model.hidden=[64,128,128,64]", "--set", "da
        "--set", "optimizer.learning_rate=0.002", "--set", "checkpoint.save_checkpoint_steps=7",
        "--set", "checkpoint.save_checkpoint_epochs=null", "--set", "output.dir=run"]
 KILL = ["--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.step=17"]
-LOSS = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\S+)$", re.M)
 RESUMED = "resumed from run/checkpoints/rank_0/network-2_4.h5 (global step 14: epoch 2 step 4)"
 
 
