@@ -1,6 +1,7 @@
 """Group info and the commit helpers, without MPI."""
 import json
 import time
+import warnings
 
 import h5py
 import numpy as np
@@ -66,6 +67,39 @@ def test_committed_is_ordered_by_step_not_time(tmp_path):
     (tmp_path / "p-9_9.commit.tmp").write_text("partial")
     assert [r["name"] for r in cm.committed(tmp_path)] == ["p-1_1", "q-2_1", "p-3_1"]
 
+
+
+def test_a_listing_with_a_cache_reads_only_records_new_since_the_last(tmp_path, monkeypatch):
+    """The saver lists the records at every save: with its cache, a save reads only what changed, so a save's
+    cost does not grow with the checkpoints kept (it read every record: 2.6 s a save at 750 of them)."""
+    for i in range(1, 6):
+        cm.write_commit(tmp_path, {"name": f"p-{i}_1", "prefix": "p", "epoch": i, "step_in_epoch": 1,
+                                   "global_step": 10 * i, "sequence": i})
+    (tmp_path / "bad-1_1.commit").write_text("{not json")
+    reads = []
+    real = cm._read_record
+    monkeypatch.setattr(cm, "_read_record", lambda d, p: reads.append(p.name) or real(d, p))
+    cache = {}
+    with pytest.warns(UserWarning, match="ignoring unreadable commit record"):
+        first = cm.committed(tmp_path, cache)
+    assert len(reads) == 6
+    with pytest.warns(UserWarning, match="ignoring unreadable commit record"):
+        full = cm.committed(tmp_path)
+    assert first == [{k: r[k] for k in cm.HEADER} for r in full]  # the same records, cut to the header
+    reads.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the bad one is not warned of again
+        assert cm.committed(tmp_path, cache) == first and reads == []  # nothing read again
+    cm.write_commit(tmp_path, {"name": "p-6_1", "prefix": "p", "epoch": 6, "step_in_epoch": 1, "global_step": 60,
+                               "sequence": 6})
+    cm.uncommit(tmp_path, "p-1_1")
+    cm.write_commit(tmp_path, {"name": "p-2_1", "prefix": "p", "epoch": 2, "step_in_epoch": 1, "global_step": 20,
+                               "sequence": 7})  # replaced (renamed over): read again
+    listed = cm.committed(tmp_path, cache)
+    assert sorted(reads) == ["p-2_1.commit", "p-6_1.commit"]
+    assert [(r["name"], r["sequence"]) for r in listed] == [("p-2_1", 7), ("p-3_1", 3), ("p-4_1", 4), ("p-5_1", 5),
+                                                            ("p-6_1", 6)]
+    assert sorted(cache) == sorted(p.name for p in tmp_path.glob("*.commit"))  # only the last listing's files
 
 def _tensors():
     w = np.arange(12, dtype=np.float32).reshape(3, 4)

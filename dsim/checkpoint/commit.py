@@ -163,23 +163,60 @@ def state_mismatch(meta: dict, record: dict) -> str | None:
     return None
 
 
-def committed(directory) -> list[dict]:
-    """Commit records in directory, oldest first by (global_step, sequence): never by file time."""
-    records = []
+HEADER = ("name", "prefix", "epoch", "step_in_epoch", "global_step", "sequence")  # committed(cache=...) keeps these
+
+
+def committed(directory, cache: dict = None) -> list[dict]:
+    """Commit records in directory, oldest first by (global_step, sequence): never by file time.
+
+    cache: a dict kept by a caller that lists the same directory at every save (the saver). A record file
+    unchanged since the last call (the same inode, size and modification time: records are only ever
+    replaced by a rename) is taken from it, checked as it was then, instead of being read and checked again;
+    without it a save's listing reads every record kept (2.6 s a save at 750 of them). With a cache each
+    record comes cut to its HEADER (what numbering and retention read), so that it holds a few hundred bytes
+    per checkpoint, and only the files of the last listing.
+    """
+    records, seen = [], {}
     for path in Path(directory).glob("*.commit"):
-        try:
-            record = json.loads(path.read_text())
-            if isinstance(record, dict) and record.get("format") in rec.FORMATS:
-                check_record(directory, record)
-                records.append(record)
+        key = None
+        if cache is not None:
+            try:
+                st = path.stat()
+                key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                pass
+            hit = cache.get(path.name)
+            if key is not None and hit is not None and hit[0] == key:
+                seen[path.name] = hit
+                if hit[1] is not None:
+                    records.append(hit[1])
                 continue
-        except CheckpointError as e:  # a path outside the directory, a name with a directory part, ...
-            warnings.warn(f"ignoring malformed commit record {path}: {e}")
-            continue
-        except (ValueError, OSError):
-            pass
-        warnings.warn(f"ignoring unreadable commit record {path}")
+        record = _read_record(directory, path)
+        if cache is not None and record is not None:
+            record = {k: record.get(k) for k in HEADER}
+        seen[path.name] = (key, record)
+        if record is not None:
+            records.append(record)
+    if cache is not None:
+        cache.clear()
+        cache.update(seen)
     return sorted(records, key=lambda r: (r["global_step"], r["sequence"]))
+
+
+def _read_record(directory, path: Path):
+    """The commit record in path, checked; None (and a warning) when it is unreadable or malformed."""
+    try:
+        record = json.loads(path.read_text())
+        if isinstance(record, dict) and record.get("format") in rec.FORMATS:
+            check_record(directory, record)
+            return record
+    except CheckpointError as e:  # a path outside the directory, a name with a directory part, ...
+        warnings.warn(f"ignoring malformed commit record {path}: {e}")
+        return None
+    except (ValueError, OSError):
+        pass
+    warnings.warn(f"ignoring unreadable commit record {path}")
+    return None
 
 
 def used_prefixes(directory) -> set:

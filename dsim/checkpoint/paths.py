@@ -23,21 +23,21 @@ def plain_name(value, what: str = "name") -> str:
     return value
 
 
-def inside(directory, rel, what: str = "path") -> Path:
-    """directory / rel, when rel is relative, has no '..' and resolves (following any symlink) inside directory."""
+def inside(directory, rel, what: str = "path", root: str = None) -> Path:
+    """directory / rel, when rel is relative, has no '..' and resolves (following any symlink) inside directory.
+
+    root: os.path.realpath(directory), when the caller checks many paths of one directory."""
     if not isinstance(rel, str) or not rel or "\0" in rel:
         raise CheckpointError(f"{what} {rel!r} is not a path")
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or rel.startswith("\\"):
+    if rel.startswith(("/", "\\")):
         raise CheckpointError(f"{what} {rel!r} is absolute")
-    if ".." in pure.parts:
+    if ".." in rel.split("/"):
         raise CheckpointError(f"{what} {rel!r} contains '..'")
-    path = Path(directory) / pure
-    root = Path(directory).resolve()
-    target = path.resolve()
-    if target != root and root not in target.parents:
+    root = root or os.path.realpath(directory)
+    target = os.path.realpath(os.path.join(directory, rel))
+    if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
         raise CheckpointError(f"{what} {rel!r} resolves outside the checkpoint directory (to {target})")
-    return path
+    return Path(directory) / PurePosixPath(rel)
 
 
 def check_record(directory, record: dict) -> None:
@@ -56,15 +56,16 @@ def check_record(directory, record: dict) -> None:
         raise CheckpointError("files is not a mapping of rank -> path")
     if rec.is_compact(record):
         rec.check_files(record)
-        template = files["template"]
-        inside(directory, template, "files.template")
+        template, root = files["template"], os.path.realpath(directory)
+        inside(directory, template, "files.template", root)
         for rank in rec.file_ranks(record):  # a symlinked file or rank directory shows only once resolved
-            inside(directory, template.replace(rec.RANK, str(rank)), f"files[{rank}]")
+            inside(directory, template.replace(rec.RANK, str(rank)), f"files[{rank}]", root)
         return
+    root = os.path.realpath(directory)
     for rank, rel in files.items():
         if not str(rank).isdigit():
             raise CheckpointError(f"files has a key {rank!r} that is not a rank")
-        inside(directory, rel, f"files[{rank}]")
+        inside(directory, rel, f"files[{rank}]", root)
 
 
 def safe_rank_dir(directory, path) -> bool:

@@ -202,20 +202,22 @@ def recover(run, which: str = "auto", repair: bool = False, log=say, source=None
                        candidates(run.checkpoint_dir, which, run.ttp_dir))
         except CheckpointError as e:
             error = str(e)
-    records, error = comm.bcast((records, error), root=0)
+    # rank 0 sends each record when it is tried (usually only the newest): the others never unpickle them all
+    count, error = comm.bcast((len(records) if records is not None else 0, error), root=0)
     if error:
         raise CheckpointError(error)
     tried = []
 
     def unusable(i, why):
-        """Record why records[i] cannot be used; rank 0 says so, and names the one tried next."""
-        tried.append(f"{records[i]['name']}: {why}")
+        """Record why record i cannot be used; rank 0 says so, and names the one tried next."""
+        tried.append(f"{record['name']}: {why}")
         if rank == 0:
             after = (f"; falling back to the previous committed checkpoint {records[i + 1]['name']}"
                      if i + 1 < len(records) else "")
-            log(f"dsim: recovery: checkpoint {records[i]['name']} is not usable: {why}{after}")
+            log(f"dsim: recovery: checkpoint {record['name']} is not usable: {why}{after}")
 
-    for i, record in enumerate(records):
+    for i in range(count):
+        record = comm.bcast(records[i] if rank == 0 else None, root=0)
         directory = Path(record["directory"])
         if not record["integrated_save"] and not same_layout(record, layout, comm.size):
             try:

@@ -195,6 +195,7 @@ class ModelCheckpoint(Callback):
         self.snapshot = Snapshot()     # async_save: the reused copy of the state the thread writes from
         self.stalls = []               # seconds each save held up its step (sync: all of it; async: the snapshot)
         self.rank = None
+        self.records = {}              # rank 0: the commit records listed at the last save (commit.committed's cache)
 
     # -- callback hooks ------------------------------------------------------------------------------
     def begin(self, run_context):
@@ -202,14 +203,14 @@ class ModelCheckpoint(Callback):
         cb = run_context.original_args()
         comm, layout = cb.model.groups.world, cb.model.groups.layout
         self.rank, _active = cb.rank, self
-        prefix = None
+        prefix, names = None, None
         if cb.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             prefix = cm.unique_prefix(self.directory, self.requested_prefix)
-        self.prefix = comm.bcast(prefix, root=0)
+            names = {r["name"] for r in cm.committed(self.directory, self.records)}
+        self.prefix, names = comm.bcast((prefix, names), root=0)  # one rank reads the records, not all
         error = None
         try:
-            names = {r["name"] for r in cm.committed(self.directory)} if self.directory.is_dir() else set()
             cm.clean_leftovers(self.directory, cb.rank, names)
             write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", layout, cb.rank)
             if self.group_info_file:
@@ -404,7 +405,7 @@ class ModelCheckpoint(Callback):
         error = None
         if rank == 0:
             try:
-                records = cm.committed(self.directory)
+                records = cm.committed(self.directory, self.records)
                 record = commit_record(name, self.prefix, self._plan(cb), p.epoch, p.step_in_epoch,
                                        p.step, max([r["sequence"] for r in records], default=0) + 1,
                                        self.config.integrated_save, time.time())
@@ -452,7 +453,7 @@ class ModelCheckpoint(Callback):
                 except OSError:
                     pass
         comm.Barrier()  # every rank has removed its part before anyone goes on
-        records = cm.committed(self.directory) if rank == 0 else []
+        records = cm.committed(self.directory, self.records) if rank == 0 else []
         latest = records[-1]["name"] if records else None
         message = (f"checkpoint {name} (global step {step}) not saved in {self.directory}: "
                    f"{what} could not be written: {self._summary(failed)} ({free_space(self.directory)}); "
@@ -482,7 +483,7 @@ class ModelCheckpoint(Callback):
         """Drop the oldest committed checkpoints of this prefix beyond keep_checkpoint_max."""
         drop = []
         if rank == 0:
-            drop = [r["name"] for r in cm.to_drop(cm.committed(self.directory), self.prefix,
+            drop = [r["name"] for r in cm.to_drop(cm.committed(self.directory, self.records), self.prefix,
                                                   self.config.keep_checkpoint_max)]
             for name in drop:
                 cm.uncommit(self.directory, name)  # the commit record first
