@@ -105,6 +105,13 @@ class FaultInjector(Callback):
             self.step = self.steps[self.ranks.index(self.my_rank)]
         _armed = self
 
+    def recovered(self, run_context):
+        """After an in-job repair or an elastic shrink: a UCE must strike the optimizer training now (a shrink
+        builds a new one; striking the old one damaged memory no longer used, and nobody was found damaged)."""
+        cb = run_context.original_args()
+        self.optimizer = cb.optimizer
+        self.in_place = getattr(getattr(cb.model, "recovery", None), "in_place", None)
+
     def end(self, run_context):
         global _armed
         _armed = None

@@ -6,6 +6,7 @@ killed at step 16 -> dp2 x mp2 on 4. One job, exit 0, every loss within 1e-12 re
 the last one on 4 ranks.
 """
 import json
+import re
 
 import pytest
 
@@ -21,10 +22,20 @@ def losses(job):
     return {e["global_step"]: e["loss"] for e in lines if e["event"] == "step"}
 
 
-def test_two_kills_continue_on_six_then_four_ranks(tmp_path):
-    (tmp_path / "ref").mkdir()
-    mpirun(8, RUN, cwd=tmp_path / "ref", check=0)
-    want = losses(tmp_path / "ref")
+@pytest.fixture(scope="module")
+def want(tmp_path_factory):
+    """The uninterrupted run's loss at every step."""
+    ref = tmp_path_factory.mktemp("ref")
+    mpirun(8, RUN, cwd=ref, check=0)
+    return losses(ref)
+
+
+def close(got: dict, want: dict, steps) -> float:
+    """The worst relative difference of the losses at steps."""
+    return max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
+
+
+def test_two_kills_continue_on_six_then_four_ranks(tmp_path, want):
     job = tmp_path / "job"
     job.mkdir()
     proc = mpirun(8, [*RUN, "--set", "tft.elastic=true", *fault("kill", "[3,5]", "forward", "[12,16]")], cwd=job,
@@ -36,7 +47,7 @@ def test_two_kills_continue_on_six_then_four_ranks(tmp_path):
             "dp=3 mp=2 k=1 on 6); rank(s) 5 of the living wait idle; training goes on after step 15") in out, out
     got = losses(job)
     assert sorted(got) == list(range(1, 21))
-    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    worst = close(got, want, want)
     assert worst <= 1e-12, worst
     ckpt = job / "run" / "checkpoints"
     records = {r: json.loads((ckpt / f"{r}.commit").read_text()) for r in ("network-2_4", "network-2_10")}
@@ -60,3 +71,29 @@ def test_no_layout_fits_the_living_falls_back_to_the_last_gasp(tmp_path):
             "checkpoint") in proc.stderr, proc.stderr
     errors = error_lines(proc)
     assert len(errors) == 1 and "last-gasp checkpoint ttp-2_1 (global step 11) committed" in errors[0], proc.stderr
+
+
+def test_a_uce_after_a_shrink_strikes_the_state_training_now(tmp_path, want):
+    """Rank 3 dies in step 1 (dp4 x mp2 -> dp3 x mp2 on 6), then rank 0's memory fails in the redone step's update
+    (a fault plan, both due at once: rank 0 cannot reach that update before rank 3's death stops step 1). The UCE
+    must damage the optimizer the shrink built: it damaged the one from before, which nothing used any more, so
+    the survivors found no one damaged and each printed its raw MPI error (MPI_ERR_OTHER) instead of this line."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": [
+        {"time": 0, "rank": 3, "kind": "kill", "at": "forward"}, {"time": 0, "rank": 0, "kind": "uce", "at": "update"}]}))
+    crash = mpirun(8, [*RUN, "--set", "tft.elastic=true", "--set", "fault.kind=plan"], cwd=tmp_path, timeout=120,
+                   ft=True, env={"DSIM_FAULT_PLAN": str(plan)})
+    assert crash.returncode == 1
+    assert "going on with 6 of 7 living ranks as dp=3 mp=2 k=1" in crash.stdout, crash.stdout
+    assert "dsim: fault: UCE: uncorrectable memory error on rank 0 during the update of step 1" in crash.stdout
+    errors = error_lines(crash)
+    assert len(errors) == 1 and re.fullmatch(
+        r"dsim: error: rank\(s\) 0 had an uncorrectable memory error \(UCE\); last-gasp checkpoint ttp-1_1 \(global "
+        r"step 1\) committed in run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_1 by 6 survivors, \d+ ms "
+        r"after the failure was noticed; resume \(--resume auto\) continues at step 2", errors[0]), crash.stderr
+    resumed = mpirun(8, [*RUN, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "dsim: resharded ttp-1_1 from dp=3 mp=2 k=1 on 6 ranks to dp=4 mp=2 k=1 on 8 ranks" in resumed.stdout
+    got = losses(tmp_path)
+    assert sorted(got) == list(range(2, 21))  # rank 0 logs a step at its end: step 1 ended only in the last gasp
+    worst = close(got, want, range(2, 21))
+    assert worst <= 1e-12, worst

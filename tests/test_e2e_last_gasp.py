@@ -81,6 +81,26 @@ def test_both_replicas_killed_saves_nothing_and_resume_falls_back(ft_reference, 
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+@pytest.mark.parametrize("kind,at,who", [("uce", "update", "had an uncorrectable memory error (UCE)"),
+                                         ("kill", "allreduce", "failed")])
+def test_with_the_last_gasp_off_a_failure_is_one_line_and_resume_uses_the_periodic_checkpoint(
+        ft_reference, tmp_path, kind, at, who):
+    """Fault tolerance without tft.ttp (a campaign's `periodic`): the job ends with one line from the lowest living
+    rank. A UCE gave eight: the damaged rank's own, and the raw MPI error of each of the others (MPI_ERR_OTHER,
+    MPI_ERR_REVOKED), since the survivors agreed on who had died and no one had."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS]
+    crash = mpirun(8, [*opts, *_fault(kind, 0, at, 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1 and error_lines(crash) == [
+        f"dsim: error: rank(s) 0 {who}; the last-gasp checkpoint is off (tft.ttp, or MS_ENABLE_TFT='{{TTP:1}}'); "
+        "resume (--resume auto) from the last periodic checkpoint"], crash.stderr
+    assert "MPI_ERR" not in crash.stderr and committed_ttp(tmp_path) == []
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "dsim: resumed from run/checkpoints/rank_0/network-1_7.h5 (global step 7: epoch 1 step 7)" in proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[7:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
 def test_second_failure_during_the_last_gasp_leaves_no_partial_checkpoint(ft_reference, tmp_path):
     """Rank 3 dies; its only replica, rank 7, dies half-way through writing the last gasp: nothing is committed."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")

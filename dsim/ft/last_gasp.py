@@ -144,11 +144,14 @@ def lost_stages(run, lost) -> list:
     return out
 
 
-def without_checkpoint(run) -> Outcome:
-    """With the last gasp off: the survivors only agree on who failed (collective over the living ranks)."""
+def without_checkpoint(run, damaged: bool) -> Outcome:
+    """With the last gasp off: the survivors only agree on who failed, and whose memory failed (damaged: this
+    rank's), so that one line says it (collective over the living ranks)."""
     revoke_groups(run.groups)
     comm, failed = shrink(run.groups.world)
-    return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+    me = run.groups.world.rank
+    hit = sorted(r for r, d in comm.allgather((me, bool(damaged))) if d)
+    return Outcome(failed, hit, survivors=comm.size, lead=comm.rank == 0)
 
 
 def save(run, noticed_at: float) -> Outcome:

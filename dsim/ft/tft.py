@@ -40,11 +40,13 @@ def handle_process_failure(run, error) -> int:
 def on_process_failure(run, noticed_at: float, error) -> int:
     """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
     from ..checkpoint.saver import abandon_in_flight
+    from ..faults import UCEError
     from . import last_gasp
     note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
                              else "a rank failed")
+    damaged = isinstance(error, UCEError) or getattr(run.optimizer, "damaged", False)
     try:
-        out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run)
+        out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run, damaged)
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
