@@ -65,6 +65,40 @@ def test_kill_then_last_gasp_then_resume_is_bit_identical(ft_reference, tmp_path
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+def test_a_kill_in_the_first_step_saves_the_state_before_it_as_epoch_1_step_0(ft_reference, tmp_path):
+    """Nothing trained yet: the last gasp holds the starting state, named ttp-1_0 (it was ttp-0_20: epoch 0,
+    step 20), and the resume trains every step bit for bit."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    crash = mpirun(8, [*BASE, *fault(3, "forward", 1)], cwd=tmp_path, timeout=120, ft=True)
+    where = f"{TTP}/tft_saved_checkpoints-step_0"
+    errors = error_lines(crash)
+    assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
+        f"dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-1_0 (global step 0) committed in {where} "), crash.stderr
+    assert committed_ttp(tmp_path) == [f"{where}/ttp-1_0.commit"]
+    proc = mpirun(8, [*BASE, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert (f"dsim: resumed from {where}/rank_0/ttp_rank_0-1_0.h5 (global step 0: epoch 1 step 0)"
+            in proc.stdout), proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_kill_in_the_step_after_a_last_gasp_says_it_is_already_committed(ft_reference, tmp_path):
+    """Resumed from the last gasp of step 12, the job loses a rank in step 13 again: the newest step is still 12,
+    whose checkpoint exists; it is kept as it is, and said so (it read "committed ... 0 ms after the failure")."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    where = f"{TTP}/tft_saved_checkpoints-step_12"
+    mpirun(8, [*BASE, *fault(3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
+    committed = (tmp_path / where / "ttp-2_2.commit").read_bytes()
+    again = mpirun(8, [*BASE, "--resume", "auto", *fault(6, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert again.returncode == 1 and error_lines(again) == [
+        f"dsim: error: rank(s) 6 failed; last-gasp checkpoint ttp-2_2 (global step 12) was already committed in "
+        f"{where}; resume (--resume auto) continues at step 13"], again.stderr
+    assert (tmp_path / where / "ttp-2_2.commit").read_bytes() == committed
+    proc = mpirun(8, [*BASE, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[12:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network_2-2_10")  # the third job's prefix
+
+
 def test_both_replicas_killed_saves_nothing_and_resume_falls_back(ft_reference, tmp_path):
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
     # Both die after step 12, a point each surely reaches: killed in a forward instead, rank 7 could be stopped by

@@ -191,3 +191,8 @@ def test_plan_repair_pairs_each_broken_rank_with_a_healthy_replica():
     assert plan_repair(set(), sets).donors == {}
     no_replica = replica_sets(ParallelLayout(2, 4, 2))  # k = dp: every set is a single rank
     assert plan_repair({3}, no_replica).lost == {3: [3]}
+
+
+def test_epoch_and_step_of_a_state_names_its_checkpoint():
+    from dsim.checkpoint.saver import epoch_and_step
+    assert [epoch_and_step(s, 20) for s in (0, 1, 20, 21, 40)] == [(1, 0), (1, 1), (1, 20), (2, 1), (2, 20)]

@@ -44,7 +44,10 @@ def _slots(optimizer) -> list:
 
 
 def epoch_and_step(global_step: int, steps_per_epoch: int) -> tuple:
-    """(epoch, step in epoch), 1-based as in checkpoint names, of the state after global_step steps."""
+    """(epoch, step in epoch), 1-based as in checkpoint names, of the state after global_step steps; before the
+    first step (a last gasp when a rank dies in step 1) epoch 1 step 0, as the resume line says it (not 0_20)."""
+    if global_step == 0:
+        return 1, 0
     return (global_step - 1) // steps_per_epoch + 1, (global_step - 1) % steps_per_epoch + 1
 
 

@@ -110,6 +110,7 @@ class Outcome:
     stages: list = field(default_factory=list)  # with pipeline stages: "pipeline stage s: names" per lost set
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
+    existing: bool = False  # the step's last gasp was committed before (by the job that failed before this one)
     lead: bool = False     # this rank reports it (the lowest living rank)
 
     def message(self) -> str:
@@ -125,6 +126,9 @@ class Outcome:
                              for g, where in zip(self.lost, self.stages or [None] * len(self.lost)))
             return (f"{who}; no last-gasp checkpoint: {sets} have no surviving holder; resume (--resume auto) "
                     "falls back to the last periodic checkpoint")
+        if self.existing:
+            return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) was already committed in "
+                    f"{self.directory}; resume (--resume auto) continues at step {self.step + 1}")
         return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) committed in "
                 f"{self.directory} by {self.survivors} survivors, {self.ms:.0f} ms after the failure was noticed; "
                 f"resume (--resume auto) continues at step {self.step + 1}")
@@ -189,9 +193,11 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     directory = checkpoint_dir(run.ttp_dir, p.step)
     name = f"{PREFIX}-{epoch}_{in_epoch}"
     record_path = cm.commit_path(directory, name)
-    if record_path.exists():  # saved before (e.g. the committer died after committing): never overwrite it
+    if record_path.exists():  # saved before (a failure in the first step after resuming from it, or the
+        # committer died after committing): never overwrite it
         comm.Agree(1)
-        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0)
+        return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0,
+                       existing=True)
     ok, error = 1, None
     try:
         for rank, writer in sorted(p.writers.items()):
