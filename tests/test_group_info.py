@@ -68,7 +68,6 @@ def test_committed_is_ordered_by_step_not_time(tmp_path):
     assert [r["name"] for r in cm.committed(tmp_path)] == ["p-1_1", "q-2_1", "p-3_1"]
 
 
-
 def test_a_listing_with_a_cache_reads_only_records_new_since_the_last(tmp_path, monkeypatch):
     """The saver lists the records at every save: with its cache, a save reads only what changed, so a save's
     cost does not grow with the checkpoints kept (it read every record: 2.6 s a save at 750 of them)."""
@@ -100,6 +99,7 @@ def test_a_listing_with_a_cache_reads_only_records_new_since_the_last(tmp_path, 
     assert [(r["name"], r["sequence"]) for r in listed] == [("p-2_1", 7), ("p-3_1", 3), ("p-4_1", 4), ("p-5_1", 5),
                                                             ("p-6_1", 6)]
     assert sorted(cache) == sorted(p.name for p in tmp_path.glob("*.commit"))  # only the last listing's files
+
 
 def _tensors():
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
