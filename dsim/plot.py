@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LABEL_ROWS = 6
-QUIET = {"step", "train_begin", "train_end", "eval"}
+QUIET = {"step", "train_begin", "train_end", "eval", "checkpoint_committed"}
 EVENT_STYLES = [("crimson", "X"), ("darkviolet", "o"), ("saddlebrown", "s"), ("teal", "D"), ("black", "^"),
                 ("darkorange", "P")]  # (colour, marker) per kind of event, in order of first appearance
 

@@ -88,19 +88,32 @@ def steps(first, last, t0, dt=1.0, loss=lambda g: g / 1000):
 
 
 def test_a_restart_from_the_periodic_checkpoint():
-    # steps 1-13 at t=1..13, rank 2 killed inside step 14, a restart from step 10 at t=30
+    # steps 1-13 at t=1..13, checkpoints of steps 5 and 10 committed, rank 2 killed inside step 14, a restart
+    # from step 10 at t=30
     events = ([ev("train_begin", 0, global_step=0)] + steps(1, 13, 1) +
-              [ev("fault", 13.5, rank=2, kind="kill", at="forward", global_step=14, plan_index=0),
+              [ev("checkpoint_committed", 5.1, global_step=5), ev("checkpoint_committed", 10.1, global_step=10),
+               ev("fault", 13.5, rank=2, kind="kill", at="forward", global_step=14, plan_index=0),
                ev("train_begin", 30, global_step=10)] + steps(11, 20, 31))
-    (rec,) = analysis.failures(events, end=100, save_every=5, restarts=[29])
+    (rec,) = analysis.failures(events, end=100, restarts=[29])
     assert rec["seen"] and rec["how"] == "restart" and rec["resumed_from"] == 10
     assert rec["steps_lost"] == 3 == rec["predicted_lost"]  # steps 11-13
     assert rec["recovered"] and rec["recovery_s"] == 17.5   # step 11 finished at t=31
     row = analysis.summarize([rec], events, start=0, end=100, save_every=5, fault_free_rate=1.0)
     assert (row["steps"], row["restarts"], row["failures_seen"], row["survived"]) == (20, 1, 1, 1)
-    assert analysis.failures(events, end=100, save_every=5)[0]["how"] is None  # no job started after it
+    assert analysis.failures(events, end=100)[0]["how"] is None  # no job started after it
     assert row["goodput"] == 0.2 and row["goodput_fraction"] == 0.2
     assert analysis.progress(events, end=35) == 15
+
+
+def test_an_async_save_still_in_flight_is_not_promised():
+    # the async save of step 10 commits at the end of step 12; rank 3 is killed inside step 12: the promise is
+    # the restart from step 5, the newest committed
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 11, 1) +
+              [ev("checkpoint_committed", 7.1, global_step=5),
+               ev("fault", 11.5, rank=3, kind="kill", at="forward", global_step=12, plan_index=0),
+               ev("train_begin", 30, global_step=5)] + steps(6, 12, 31))
+    (rec,) = analysis.failures(events, end=100, restarts=[29])
+    assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 5, 6, 6)
 
 
 def test_a_last_gasp_loses_nothing_and_an_in_job_repair_restarts_nothing():
@@ -110,7 +123,7 @@ def test_a_last_gasp_loses_nothing_and_an_in_job_repair_restarts_nothing():
                ev("train_begin", 20, global_step=6)] + steps(7, 9, 21) +
               [ev("fault", 23.5, rank=4, kind="uce", global_step=10, plan_index=1),
                ev("uce_repair", 23.6, failed=[], damaged=[4], global_step=9)] + steps(10, 12, 24))
-    gasp, uce = analysis.failures(events, end=100, save_every=50, restarts=[19])
+    gasp, uce = analysis.failures(events, end=100, restarts=[19])
     assert (gasp["how"], gasp["steps_lost"], gasp["predicted_lost"]) == ("restart", 0, 0)
     assert (uce["how"], uce["steps_lost"], uce["predicted_lost"], uce["recovery_s"]) == ("in the job", 0, 0, 0.5)
 
@@ -121,14 +134,14 @@ def test_a_newcomer_is_not_a_restart():
               [ev("fault", 4.5, rank=0, kind="kill", global_step=5, plan_index=0),
                ev("train_begin", 4.7, global_step=4), ev("heal", 4.8, failed=[0], damaged=[], global_step=4)]
               + steps(5, 8, 5))
-    (rec,) = analysis.failures(events, end=100, save_every=10)
+    (rec,) = analysis.failures(events, end=100)
     assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["recovery_s"]) == ("in the job", 4, 0, 0.5)
 
 
 def test_a_failure_the_budget_left_no_time_for():
     events = [ev("train_begin", 0, global_step=0)] + steps(1, 5, 1) + [ev("fault", 5.5, rank=0, global_step=6,
                                                                           kind="kill", plan_index=0)]
-    (rec,) = analysis.failures(events, end=8, save_every=5)
+    (rec,) = analysis.failures(events, end=8)
     assert not rec["seen"] and not rec["recovered"] and rec["steps_lost"] is None
 
 
@@ -137,6 +150,7 @@ def test_checkpoint_cost_and_losses():
     t, events = 0.0, []
     for g in range(1, 21):
         t += 1.0 + (0.5 if g % 5 == 0 else 0.0)
+        events += [ev("checkpoint_committed", t - 0.01, global_step=g)] if g % 5 == 0 else []
         events.append(ev("step", t, global_step=g, loss=float(g)))
     cost = analysis.checkpoint_cost(events, end=100, save_every=5)
     assert cost["step_s"] == 1.0 and cost["save_s"] == pytest.approx(0.5) and cost["rate"] == pytest.approx(1.0)

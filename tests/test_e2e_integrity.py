@@ -273,3 +273,27 @@ def test_read_only_source_resumes_with_saves_elsewhere(reference, tmp_path):
             lines = [x for x in refused.stderr.splitlines() if x.startswith("dsim: ")]
             assert refused.returncode == 2 and len(lines) == 1 and lines[0].startswith(line), refused.stderr
             assert not LOSS.findall(refused.stdout) and "Traceback" not in refused.stderr  # before step 1
+
+
+def test_a_campaign_compares_a_file_it_damaged_through_its_replica(reference, tmp_path):
+    # a campaign's `corrupt` failure damages the victim's newest file; when a newer last gasp made its repair
+    # unneeded, the file is still damaged when the final state is compared with the fault-free run's
+    from dsim.campaign.runner import final_state
+    mine = tmp_path / "mine"
+    shutil.copytree(reference[1], mine)
+    files = mine / "run" / "checkpoints"
+    ref = {"dir": str(reference[1])}
+    flip_byte(files / "rank_0" / "network-3_10.h5")
+    row = {"dir": str(mine), "damaged_files": [str(files / "rank_0" / "network-3_10.h5")]}
+    state = final_state(row, ref)  # rank 0's damaged tensor compared on rank 4, its replica
+    assert (state["equal"], state["checkpoint"], state["differ"]) == (True, "network-3_10", [])
+    assert state["damaged"] == ["rank 0: params/layer1.param"]
+    flip_byte(files / "rank_4" / "network-3_10.h5")  # and the replica: no other rank holds that slice
+    row["damaged_files"].append(str(files / "rank_4" / "network-3_10.h5"))
+    state = final_state(row, ref)
+    assert state["equal"] is None and state["differ"] == []
+    assert state["why"] == ("damaged by the campaign and held by no other rank: rank 0: params/layer1.param, "
+                            "rank 4: params/layer1.param")
+    row["damaged_files"].pop()  # a file the campaign did not damage that fails its checksum is a difference
+    state = final_state(row, ref)
+    assert state["equal"] is False and state["differ"] == ["rank 4: params/layer1.param fails its checksum"]

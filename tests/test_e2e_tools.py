@@ -26,8 +26,11 @@ def test_readme_tutorial_runs_as_shown(tmp_path):
         assert not problems, "\n".join(problems)
     run = tmp_path / "seed-pages"
     events = [json.loads(line) for line in (run / "runs/tutorial/metrics.jsonl").read_text().splitlines()]
-    marked = [(e["event"], e["global_step"]) for e in events if e["event"] not in ("step", "train_begin", "train_end")]
+    quiet = ("step", "train_begin", "train_end", "checkpoint_committed")
+    marked = [(e["event"], e["global_step"]) for e in events if e["event"] not in quiet]
     assert marked == [("fault", 60), ("resume", 60), ("repair", 100), ("resume", 100)]
+    kept = {p.name.removesuffix(".commit") for p in (run / "runs/tutorial/checkpoints").glob("*.commit")}
+    assert kept and kept <= {e["checkpoint"] for e in events if e["event"] == "checkpoint_committed"}
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

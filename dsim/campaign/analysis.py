@@ -8,8 +8,8 @@ Per failure (a `fault` event of the plan, written by the victim as it strikes in
   `last_gasp_saved` / `last_gasp_lost` naming the rank, follows it;
 - resumed from: the step the repair or the restart went on from (the event's global step);
 - steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0; beside it
-  what the scheme promises: 0 in the job, else back to the newest checkpoint (the last multiple of the
-  interval, or a last gasp since);
+  what the scheme promises: 0 in the job, else back to the newest checkpoint committed before it (a
+  `checkpoint_committed` event: an async save still in flight does not count), or a last gasp since;
 - recovery: from the failure to the next finished step (the resumed-from step + 1); *recovered* when that
   step finished before the budget ran out.
 """
@@ -50,7 +50,7 @@ def percentile(values, q: float):
     return v[lo] + (v[hi] - v[lo]) * (x - lo)
 
 
-def failures(events: list, end: float, save_every: int, restarts=()) -> list[dict]:
+def failures(events: list, end: float, restarts=()) -> list[dict]:
     """One record per fault of the plan before `end` (see the module docstring); `restarts`: when each job
     after the first was started (a newcomer that takes a dead rank's place in the job also logs a
     `train_begin`, so only those after a restart count as one)."""
@@ -81,10 +81,12 @@ def failures(events: list, end: float, save_every: int, restarts=()) -> list[dic
         if meet is not None:
             rec["steps_lost"] = max(0, before - meet[1])
             # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
-            # committed checkpoint: the last multiple of the interval, or a last gasp saved since
-            gasps = [e["global_step"] for e in events if e["event"] == "last_gasp_saved"
-                     and e["time"] < meet[2]["time"] and e["global_step"] <= f["global_step"]]
-            newest = max([before - before % save_every, *gasps])
+            # checkpoint committed before it (an async save still in flight is not), or a last gasp saved since
+            saved = [e["global_step"] for e in events
+                     if e["event"] == "checkpoint_committed" and e["time"] < f["time"] and e["global_step"] <= before
+                     or e["event"] == "last_gasp_saved" and e["time"] < meet[2]["time"]
+                     and e["global_step"] <= f["global_step"]]
+            newest = max([0, *saved])
             rec["predicted_lost"] = 0 if meet[0] == "in the job" else max(0, before - newest)
             done = next((e for e in events if e["event"] == "step" and e["time"] > meet[2]["time"] - 1e-9
                          and e["global_step"] == meet[1] + 1 and e["time"] <= end), None)
@@ -104,7 +106,7 @@ def step_times(events: list, end: float) -> list[tuple]:
             if prev is not None and e["global_step"] == prev["global_step"] + 1:
                 out.append((e["global_step"], e["time"] - prev["time"]))
             prev = e
-        else:
+        elif e["event"] != "checkpoint_committed":  # a save inside the step is part of its time
             prev = None  # a fault, a repair or a new run in between: not an ordinary step
     return out
 

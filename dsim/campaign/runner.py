@@ -22,7 +22,11 @@ import numpy as np
 
 from ..checkpoint import load_checkpoint
 from ..checkpoint.catalog import find_checkpoint_dirs, scan
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.format import read_file
+from ..checkpoint.loader import param_dict_of
 from ..faults import PLAN_ENV
+from ..parallel.layout import Slice
 from . import analysis, failures as failure_process
 from .jobs import ROOT, Job
 from .strategies import Strategy
@@ -171,13 +175,13 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
             job.stop()
             jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget was spent
     events = analysis.read_events(d / "run" / "metrics.jsonl")
-    recs = analysis.failures(events, end, save_every, [j["started"] for j in jobs[1:]])
+    recs = analysis.failures(events, end, [j["started"] for j in jobs[1:]])
     fired = [f for f in failure_process.fired(path) if f.get("time", 0) <= end]
     for r in recs:
         r["damaged_file"] = damaged.get(r["index"])
     return {"strategy": strategy.name, "save_every": save_every, "exact_required": strategy.exact,
             "start": start, "end": end, "dir": str(d), "jobs": jobs, "fired": len(fired),
-            "failures": recs, "events": events}
+            "damaged_files": sorted(p for p in damaged.values() if p), "failures": recs, "events": events}
 
 
 def _damage_fired(plan, d: Path, done: dict) -> None:
@@ -193,7 +197,13 @@ def _damage_fired(plan, d: Path, done: dict) -> None:
 
 def final_state(row: dict, ref: dict) -> dict:
     """The combination's newest committed periodic checkpoint against the fault-free run's at the same step,
-    every rank's parameters and optimizer state bit for bit."""
+    every rank's parameters and optimizer state bit for bit.
+
+    A file the campaign damaged (a `corrupt` failure) may still be there, when no resume needed it: its tensors
+    that fail their checksum are compared through a replica (another rank's file holding the same slice), as a
+    resume would repair them; with no replica the state is not checked (`equal` None). Any other file that
+    fails its checksum is a difference.
+    """
     mine = newest_committed_periodic(Path(row["dir"]) / "run" / "checkpoints")
     if mine is None:
         return {"equal": None, "why": "no periodic checkpoint was committed"}
@@ -202,15 +212,42 @@ def final_state(row: dict, ref: dict) -> dict:
     out = {"checkpoint": mine.name, "global_step": mine.global_step}
     if theirs is None:
         return {**out, "equal": None, "why": f"the fault-free run has no checkpoint at step {mine.global_step}"}
-    differ = []
+    damaged_by_us = {str(Path(p)) for p in row.get("damaged_files") or ()}
+    differ, compared, lost = [], set(), []
     ref_files = {x.rank: x.path for x in theirs.shards}
     for shard in mine.shards:
-        a, b = load_checkpoint(shard.path), load_checkpoint(ref_files[shard.rank])
-        if set(a.slices) != set(b.slices):
+        bad = []
+        try:
+            a = param_dict_of(read_file(shard.path, damaged=bad))
+        except CheckpointError as e:
+            differ.append(f"rank {shard.rank}: {e}")
+            continue
+        if bad and str(Path(shard.path)) not in damaged_by_us:
+            differ += [f"rank {shard.rank}: {t} fails its checksum" for t in bad]
+        lost += [(shard.rank, shard.path, t) for t in bad]
+        b = load_checkpoint(ref_files[shard.rank])
+        if set(a.slices) | {t.split("/", 1)[1] for t in bad} != set(b.slices):
             differ.append(f"rank {shard.rank}: other tensors")
         differ += [f"rank {shard.rank}: {k}" for k in a.slices if k in b.slices and not np.array_equal(a[k], b[k])]
-    return {**out, "equal": not differ, "tensors": sum(len(load_checkpoint(x.path).slices) for x in mine.shards[:1]),
-            "differ": differ[:10]}
+        compared |= {(k, where) for k, where in a.slices.items()}
+    unchecked = [f"rank {r}: {t}" for r, path, t in lost if str(Path(path)) in damaged_by_us
+                 and (t.split("/", 1)[1], _slice_of(path, t)) not in compared]
+    out.update(tensors=len(compared), differ=differ[:10],
+               damaged=[f"rank {r}: {t}" for r, path, t in lost if str(Path(path)) in damaged_by_us])
+    if differ:
+        return {**out, "equal": False}
+    if unchecked:
+        return {**out, "equal": None, "why": "damaged by the campaign and held by no other rank: "
+                + ", ".join(unchecked)}
+    return {**out, "equal": True}
+
+
+def _slice_of(path, tensor: str):
+    """Where the tensor `<kind>/<name>` of a checkpoint file sits in its global tensor (its attributes)."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        a = f[tensor].attrs
+        return Slice(tuple(int(x) for x in a["offsets"]), tuple(int(x) for x in a["extents"]))
 
 
 def newest_committed_periodic(directory: Path):

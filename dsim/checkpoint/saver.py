@@ -424,6 +424,7 @@ class ModelCheckpoint(Callback):
         self.saved.append(name)
         self._retain(comm, rank)
         if rank == 0:
+            event("checkpoint_committed", checkpoint=name, global_step=p.step)
             total = sum(w.size for _, _, w in results if w)
             ms = 1000 * (time.perf_counter() - p.started)
             how = (f"{ms:.0f} ms in the background, the step stalled {1000 * self.stalls[-1]:.0f} ms"
