@@ -116,6 +116,41 @@ def test_an_async_save_still_in_flight_is_not_promised():
     assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 5, 6, 6)
 
 
+def test_a_checkpoint_a_corrupt_failure_broke_is_not_promised():
+    # rank 0's file of the checkpoint of step 10 damaged with no replica (broken): the restart falls back to
+    # step 5, for this failure and the next
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 11, 1) +
+              [ev("checkpoint_committed", 5.1, checkpoint="a-5", global_step=5),
+               ev("checkpoint_committed", 10.1, checkpoint="a-10", global_step=10),
+               ev("fault", 11.5, rank=0, kind="corrupt", at="forward", global_step=12, plan_index=0),
+               ev("train_begin", 20, global_step=5)] + steps(6, 13, 21) +
+              [ev("fault", 28.5, rank=2, kind="kill", at="forward", global_step=14, plan_index=1),
+               ev("train_begin", 40, global_step=5)] + steps(6, 7, 41))
+    recs = analysis.failures(events, end=100, restarts=[19, 39], broken={0: "a-10"})
+    assert [(r["steps_lost"], r["predicted_lost"]) for r in recs] == [(6, 6), (8, 8)]
+    recs = analysis.failures(events, end=100, restarts=[19, 39])  # not broken: step 10 is promised
+    assert [(r["steps_lost"], r["predicted_lost"]) for r in recs] == [(6, 1), (8, 3)]
+
+
+@pytest.mark.parametrize("layout, replica", [((2, 4, 1), True), ((1, 8, 1), False), ((2, 4, 2), False),
+                                             ((4, 2, 2), True)])
+def test_whether_a_damaged_slice_has_a_replica(layout, replica):
+    # rank 1's slice of the first parameter; a file holds its optimizer shard's part of a parameter: with
+    # optimizer_shard = data_parallel no other file holds it
+    from dsim.campaign.runner import has_replica
+    from dsim.checkpoint.plan import commit_record, save_plan
+    from dsim.nn import create_network
+    from dsim.parallel.layout import ParallelLayout, Slice
+    layout = ParallelLayout(*layout)
+    plan = save_plan(layout, create_network("network").specs, ("moments",))
+    record = commit_record("n-1_1", "n", plan, 1, 1, 1, 1)
+    (mine,) = [p for p in plan.slices if p.kind == "params" and 1 in plan.holders(p)[0]
+               and p.name == plan.slices[0].name]
+    assert has_replica(record, 1, f"params/{mine.name}", mine.where) is replica
+    assert has_replica({}, 1, f"params/{mine.name}", mine.where)  # an older record without slices: assumed
+    assert has_replica(record, 1, f"params/{mine.name}", Slice((0, 0), (1, 1))) is True
+
+
 def test_a_last_gasp_loses_nothing_and_an_in_job_repair_restarts_nothing():
     events = ([ev("train_begin", 0, global_step=0)] + steps(1, 6, 1) +
               [ev("fault", 6.5, rank=1, kind="kill", global_step=7, plan_index=0),
@@ -126,6 +161,21 @@ def test_a_last_gasp_loses_nothing_and_an_in_job_repair_restarts_nothing():
     gasp, uce = analysis.failures(events, end=100, restarts=[19])
     assert (gasp["how"], gasp["steps_lost"], gasp["predicted_lost"]) == ("restart", 0, 0)
     assert (uce["how"], uce["steps_lost"], uce["predicted_lost"], uce["recovery_s"]) == ("in the job", 0, 0, 0.5)
+
+
+def test_a_step_a_last_gasp_saved_was_finished():
+    # restarted from step 10, rank 0 (which logs steps) dies inside the update of step 11, which its replicas
+    # finished: no step event for step 11, but the last gasp saved it
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 10, 1) +
+              [ev("fault", 10.5, rank=6, kind="kill", global_step=11, plan_index=0),
+               ev("last_gasp_saved", 11, failed=[6], global_step=10, noticed_at=10.6),
+               ev("train_begin", 20, global_step=10),
+               ev("fault", 21.5, rank=0, kind="kill", at="update", global_step=11, plan_index=1),
+               ev("last_gasp_saved", 23, failed=[0], global_step=11, noticed_at=21.6),
+               ev("train_begin", 30, global_step=11)] + steps(12, 13, 31))
+    first, second = analysis.failures(events, end=100, restarts=[19, 29])
+    assert (first["recovered"], first["recovery_s"], first["steps_lost"]) == (True, 11.1, 0)
+    assert (second["recovered"], second["recovery_s"], second["resumed_from"]) == (True, 9.5, 11)
 
 
 def test_a_newcomer_is_not_a_restart():

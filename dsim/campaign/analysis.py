@@ -9,9 +9,11 @@ Per failure (a `fault` event of the plan, written by the victim as it strikes in
 - resumed from: the step the repair or the restart went on from (the event's global step);
 - steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0; beside it
   what the scheme promises: 0 in the job, else back to the newest checkpoint committed before it (a
-  `checkpoint_committed` event: an async save still in flight does not count), or a last gasp since;
-- recovery: from the failure to the next finished step (the resumed-from step + 1); *recovered* when that
-  step finished before the budget ran out.
+  `checkpoint_committed` event: an async save still in flight does not count; nor one whose file a `corrupt`
+  failure damaged where no replica can repair it), or a last gasp since;
+- recovery: from the failure to the next finished step (the resumed-from step + 1: its `step` event, or a
+  last gasp of it or a later step, as when rank 0 dies inside the update of a step its replicas finished);
+  *recovered* when that step finished before the budget ran out.
 """
 from __future__ import annotations
 
@@ -50,13 +52,17 @@ def percentile(values, q: float):
     return v[lo] + (v[hi] - v[lo]) * (x - lo)
 
 
-def failures(events: list, end: float, restarts=()) -> list[dict]:
+def failures(events: list, end: float, restarts=(), broken=None) -> list[dict]:
     """One record per fault of the plan before `end` (see the module docstring); `restarts`: when each job
     after the first was started (a newcomer that takes a dead rank's place in the job also logs a
-    `train_begin`, so only those after a restart count as one)."""
+    `train_begin`, so only those after a restart count as one); `broken`: {plan index: checkpoint name} for
+    each `corrupt` failure that damaged a file no replica can repair: from it on, that checkpoint is not
+    promised."""
     faults = [e for e in events if e["event"] == "fault" and e.get("plan_index") is not None and e["time"] <= end]
+    struck = {f["plan_index"]: f["time"] for f in faults}
     out = []
     for f in faults:
+        gone = {name for i, name in (broken or {}).items() if struck.get(i, math.inf) <= f["time"]}
         restart = min((t for t in restarts if t >= f["time"]), default=math.inf)
         after = [e for e in events if e["time"] >= f["time"] and e["time"] <= end]
         meet, noticed = None, False
@@ -82,16 +88,20 @@ def failures(events: list, end: float, restarts=()) -> list[dict]:
             rec["steps_lost"] = max(0, before - meet[1])
             # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
             # checkpoint committed before it (an async save still in flight is not), or a last gasp saved since
-            saved = [e["global_step"] for e in events
-                     if e["event"] == "checkpoint_committed" and e["time"] < f["time"] and e["global_step"] <= before
+            saved = [e["global_step"] for e in events if e.get("checkpoint") not in gone and (
+                     e["event"] == "checkpoint_committed" and e["time"] < f["time"] and e["global_step"] <= before
                      or e["event"] == "last_gasp_saved" and e["time"] < meet[2]["time"]
-                     and e["global_step"] <= f["global_step"]]
+                     and e["global_step"] <= f["global_step"])]
             newest = max([0, *saved])
             rec["predicted_lost"] = 0 if meet[0] == "in the job" else max(0, before - newest)
-            done = next((e for e in events if e["event"] == "step" and e["time"] > meet[2]["time"] - 1e-9
-                         and e["global_step"] == meet[1] + 1 and e["time"] <= end), None)
+            # the next step finished: its step event, or a last gasp of it or later (rank 0, which logs steps,
+            # may die inside the update of a step its replicas finished, and the gasp saves that step)
+            done = next((e.get("noticed_at", e["time"]) for e in events if e["time"] > meet[2]["time"] - 1e-9
+                         and e.get("noticed_at", e["time"]) <= end
+                         and (e["event"] == "step" and e["global_step"] == meet[1] + 1
+                              or e["event"] == "last_gasp_saved" and e["global_step"] > meet[1])), None)
             if done is not None:
-                rec["recovered"], rec["recovery_s"] = True, round(done["time"] - f["time"], 3)
+                rec["recovered"], rec["recovery_s"] = True, round(done - f["time"], 3)
         out.append(rec)
     return out
 

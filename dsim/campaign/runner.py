@@ -20,7 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint, progression
 from ..checkpoint.catalog import find_checkpoint_dirs, scan
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.format import read_file
@@ -80,18 +80,32 @@ def newest_committed(root) -> Optional[object]:
     return best
 
 
-def damage(path, dataset=None) -> None:
+def damage(path, dataset=None) -> tuple:
     """Flip one byte in the middle of a tensor's data (dataset, e.g. "params/layer1.param"; by default the file's
-    first parameter), as a bad disk block would."""
+    first parameter), as a bad disk block would; returns the tensor and its slice: ("params/layer1.param", Slice)."""
     import h5py
     with h5py.File(path, "r") as f:
         ds = f[dataset] if dataset else f["params"][sorted(f["params"])[0]]
         offset = ds.id.get_offset() + ds.nbytes // 2
+        tensor = ds.name.lstrip("/")
+        where = Slice(tuple(int(x) for x in ds.attrs["offsets"]), tuple(int(x) for x in ds.attrs["extents"]))
     with open(path, "r+b") as fh:
         fh.seek(offset)
         byte = fh.read(1)
         fh.seek(offset)
         fh.write(bytes([byte[0] ^ 0xFF]))
+    return tensor, where
+
+
+def has_replica(record: dict, rank: int, tensor: str, where: Slice) -> bool:
+    """Whether another rank's file of a committed checkpoint holds rank's slice of tensor (its commit record's
+    `slices`), so a resume can repair it; True when the record does not say (an older format)."""
+    for s in record.get("slices") or ():
+        if (s["tensor"], tuple(s["offsets"]), tuple(s["extents"])) == (tensor, where.offsets, where.extents):
+            holders = progression.members(progression.set_from_json(s["holders"]))
+            if rank in holders:
+                return len(holders) > 1
+    return True
 
 
 def run_reference(s: Settings, save_every: int, target: int = 0, say: Callable = print) -> dict:
@@ -175,24 +189,28 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
             job.stop()
             jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget was spent
     events = analysis.read_events(d / "run" / "metrics.jsonl")
-    recs = analysis.failures(events, end, [j["started"] for j in jobs[1:]])
+    broken = {i: x["checkpoint"] for i, x in damaged.items() if x and not x["replica"]}
+    recs = analysis.failures(events, end, [j["started"] for j in jobs[1:]], broken)
     fired = [f for f in failure_process.fired(path) if f.get("time", 0) <= end]
     for r in recs:
-        r["damaged_file"] = damaged.get(r["index"])
+        r["damaged_file"] = (damaged.get(r["index"]) or {}).get("file")
     return {"strategy": strategy.name, "save_every": save_every, "exact_required": strategy.exact,
             "start": start, "end": end, "dir": str(d), "jobs": jobs, "fired": len(fired),
-            "damaged_files": sorted(p for p in damaged.values() if p), "failures": recs, "events": events}
+            "damaged_files": sorted(x["file"] for x in damaged.values() if x), "failures": recs, "events": events}
 
 
 def _damage_fired(plan, d: Path, done: dict) -> None:
-    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint."""
+    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint;
+    done[index]: {file, checkpoint, replica: whether a resume can repair it}, or None (no file of the victim)."""
     for f in failure_process.fired(plan):
         if f.get("kind") == "corrupt" and f["index"] not in done:
             c = newest_committed(d / "run" / "checkpoints")
             shard = next((x for x in c.shards if x.rank == f["rank"] and x.size), None) if c else None
+            done[f["index"]] = None
             if shard is not None:
-                damage(shard.path)
-            done[f["index"]] = str(shard.path) if shard is not None else None
+                tensor, where = damage(shard.path)
+                done[f["index"]] = {"file": str(shard.path), "checkpoint": c.name,
+                                    "replica": has_replica(c.record, f["rank"], tensor, where)}
 
 
 def final_state(row: dict, ref: dict) -> dict:
