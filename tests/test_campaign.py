@@ -238,6 +238,11 @@ def test_what_if_at_scale():
     # one holder per slice (optimizer shard = dp): every failure falls back to the periodic checkpoint
     alone = scale.expected(1024, 365 * 86400, costs, h=1)
     assert alone["ttp"]["fallback"] == 1.0 and alone["arf"]["goodput_fraction"] < alone["periodic"]["goodput_fraction"]
+    # the waste of saving, C / tau, against Young's tau; and a save that costs nothing (async saves measured so)
+    m = 365 * 86400 / 1024
+    assert 1 - alone["periodic"]["goodput_fraction"] == pytest.approx(1 / math.sqrt(2 * m) + (10 + math.sqrt(2 * m) / 2) / m)
+    free = scale.expected(1024, 365 * 86400, {"periodic": {"save_s": 0.0, "down_s": 10.0}}, h=2)["periodic"]
+    assert free["interval_s"] == 0 and free["goodput_fraction"] == pytest.approx(1 - 10 / m)
 
 
 def test_report_table():

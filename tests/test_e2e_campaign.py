@@ -95,6 +95,12 @@ def test_campaign_report_matches_the_jobs_metrics(tmp_path):
         line = next(x for x in table if x.startswith(row["strategy"] + " "))
         assert line.split()[5] == "2/2" and line.endswith("yes")
     assert any(r["checkpoint_overhead"] for r in doc["combinations"])
+    # the fault-free run keeps only the checkpoints compared; the others went while it ran (a save every 10
+    # steps, about every 2 s), not all at the end, and no record the job listed at its saves was unreadable
+    kept = [p.name for p in (Path(ref["dir"]) / "run" / "checkpoints").glob("*.commit")]
+    assert len(kept) == len({r["final_state"]["global_step"] for r in doc["combinations"]}) <= 2
+    assert ref["pruned_checkpoints"] >= ref["pruned_while_running"] >= 3
+    assert "unreadable" not in (Path(ref["dir"]) / "jobs.log").read_text()
     assert {r["ranks"] for r in doc["what_if"]["rows"]} == {1024, 4096, 16384, 65536}
     assert any(x.startswith("  periodic: measured best every 10 steps") and "Young/Daly" in x for x in table)
     pytest.importorskip("matplotlib")

@@ -99,6 +99,13 @@ def test_a_listing_with_a_cache_reads_only_records_new_since_the_last(tmp_path, 
     assert [(r["name"], r["sequence"]) for r in listed] == [("p-2_1", 7), ("p-3_1", 3), ("p-4_1", 4), ("p-5_1", 5),
                                                             ("p-6_1", 6)]
     assert sorted(cache) == sorted(p.name for p in tmp_path.glob("*.commit"))  # only the last listing's files
+    monkeypatch.setattr(cm, "_read_record", real)
+    listing = [p for p in tmp_path.glob("*.commit") if p.name != "bad-1_1.commit"]
+    cm.uncommit(tmp_path, "p-3_1")  # removed between the listing and the reading: gone, not unreadable
+    monkeypatch.setattr(cm.Path, "glob", lambda self, pattern: iter(listing))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r["name"] for r in cm.committed(tmp_path)] == ["p-2_1", "p-4_1", "p-5_1", "p-6_1"]
 
 
 def _tensors():

@@ -140,7 +140,9 @@ def main(argv=None) -> int:
                 report.write_json(s.out, doc)
                 say(f"campaign: {strategy.name}-every{k}: {row['steps']} steps, {row['failures_injected']} failure(s), "
                     f"{row['survived']} survived")
-        ref = runner.run_reference(s, runner.gcd(s.intervals), furthest(raws), say)
+        keep = {c.global_step for c in (runner.newest_committed_periodic(Path(raw["dir"]) / "run" / "checkpoints")
+                                        for raw in raws) if c is not None}
+        ref = runner.run_reference(s, runner.gcd(s.intervals), furthest(raws), say, keep)
         doc["fault_free"] = ref
         events_of[ref["dir"]] = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
         ref_losses = runner.reference_losses(ref)
@@ -174,7 +176,7 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
                       "costs above): expected goodput and periodic interval"]
         lines += report.scale_lines(doc["what_if"]["rows"], args_time(rank_mtbf))
         steps = {r["final_state"].get("global_step") for r in rows[1:]}
-        ref["pruned_checkpoints"] = runner.prune_reference(ref, steps)
+        ref["pruned_checkpoints"] = ref.get("pruned_while_running", 0) + runner.prune_reference(ref, steps)
     png = report.timeline(s.out, rows, events_of) if rows else None
     doc["timeline"] = str(png) if png else None
     doc["table"] = lines

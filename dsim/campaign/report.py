@@ -60,7 +60,7 @@ def young_daly(rows: list, mtbf: float, ref: dict) -> list[str]:
         if saves and ref.get("step_s"):
             c = sorted(saves)[len(saves) // 2]
             yd = math.sqrt(2 * c * mtbf)
-            r_pred = yd / ref["step_s"]
+            r_pred = max(1.0, yd / ref["step_s"])  # a save that costs nothing (async): every step
             out.append(f"  {name}: measured best every {best['save_every']} steps ({best['goodput']:.1f} steps/s); "
                        f"Young/Daly sqrt(2 x {c:.3f} s x {mtbf:.0f} s) = {yd:.1f} s = every {r_pred:.0f} steps "
                        f"at {1 / ref['step_s']:.1f} steps/s")

@@ -44,7 +44,9 @@ def expected(ranks: int, rank_mtbf: float, costs: dict, h: int) -> dict:
         p = 1.0 if name == "periodic" else (1 - math.exp(-down / rank_mtbf)) ** (h - 1)
         tau = math.sqrt(2 * save * m / p) if p > 0 else math.inf
         extra = (d_restart or 0.0) if name not in ("periodic", "ttp") else 0.0
-        waste = (save / tau if tau != math.inf else 0.0) + (down + p * (min(tau, 1e18) / 2 + extra)) / m
+        # C / tau written as sqrt(C p / 2M): 0, not 0 / 0, for a save that costs nothing (async: the step it
+        # starts in stalls no longer than the others) and for p = 0
+        waste = math.sqrt(save * p / (2 * m)) + (down + p * (min(tau, 1e18) / 2 + extra)) / m
         out[name] = {"goodput_fraction": max(0.0, 1 - waste), "interval_s": tau, "fallback": p}
     return out
 

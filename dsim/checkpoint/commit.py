@@ -213,6 +213,8 @@ def _read_record(directory, path: Path):
     except CheckpointError as e:  # a path outside the directory, a name with a directory part, ...
         warnings.warn(f"ignoring malformed commit record {path}: {e}")
         return None
+    except FileNotFoundError:  # removed since the directory was listed (retention by another process): gone
+        return None
     except (ValueError, OSError):
         pass
     warnings.warn(f"ignoring unreadable commit record {path}")
