@@ -17,7 +17,8 @@ a list of steps as long as it, each rank fires at its own step (rank: [0, 5], st
 while the survivors save.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt, at: forward | allreduce | update} fires once,
-on that rank, at the first such point reached at or after `time` (Unix seconds); `corrupt` kills here (the
+on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
+at or after `time` (Unix seconds); `corrupt` kills here (the
 campaign damages the rank's file on disk). A fired entry is marked by a file created exclusively in
 <plan>.fired/, so a restarted job, a warm spare or a spawned replacement that takes the rank never fires it again.
 """
@@ -96,21 +97,25 @@ class FaultInjector(Callback):
     def begin(self, run_context):
         global _armed
         cb = run_context.original_args()
-        self.my_rank, self.optimizer = cb.rank, cb.optimizer
+        self.my_rank, self.world_size, self.optimizer = cb.rank, cb.world_size, cb.optimizer
         recovery = getattr(cb.model, "recovery", None)
         self.in_place = getattr(recovery, "in_place", None)  # a UCE repaired in place (tft.uce_in_place)
         if self.kind == "plan":
-            self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank)
+            self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank, cb.world_size)
         if self.steps and self.my_rank in self.ranks:
             self.step = self.steps[self.ranks.index(self.my_rank)]
         _armed = self
 
     def recovered(self, run_context):
         """After an in-job repair or an elastic shrink: a UCE must strike the optimizer training now (a shrink
-        builds a new one; striking the old one damaged memory no longer used, and nobody was found damaged)."""
+        builds a new one; striking the old one damaged memory no longer used, and nobody was found damaged),
+        and a fault plan's entries are those of this process's rank in the world training now."""
         cb = run_context.original_args()
         self.optimizer = cb.optimizer
         self.in_place = getattr(getattr(cb.model, "recovery", None), "in_place", None)
+        if self.kind == "plan" and (cb.rank, cb.world_size) != (self.my_rank, self.world_size):
+            self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank, cb.world_size)  # renumbered: its entries
+        self.my_rank, self.world_size = cb.rank, cb.world_size
 
     def end(self, run_context):
         global _armed
@@ -196,10 +201,14 @@ class FaultPlan:
         self.path, self.rank, self.entries = Path(path), rank, entries  # [(index, entry)] of this rank
 
     @classmethod
-    def load(cls, path, rank: int) -> "FaultPlan":
+    def load(cls, path, rank: int, world_size: int = None) -> "FaultPlan":
+        """The entries of `rank` not yet fired. With world_size, an entry's rank counts modulo it: after an
+        elastic shrink (8 ranks training -> 4) the failure planned for rank 6 strikes rank 2, so every
+        strategy meets the same failures (the idle processes train nothing a failure could stop)."""
         faults = json.loads(Path(path).read_text())["faults"]
         Path(f"{path}.fired").mkdir(exist_ok=True)
-        mine = [(i, f) for i, f in enumerate(faults) if f["rank"] == rank and not fired_marker(path, i).exists()]
+        mine = [(i, f) for i, f in enumerate(faults)
+                if (f["rank"] % world_size if world_size else f["rank"]) == rank and not fired_marker(path, i).exists()]
         return cls(path, rank, sorted(mine, key=lambda x: x[1]["time"]))
 
     def strike(self, point: str, global_step: int, injector: "FaultInjector") -> None:
@@ -216,7 +225,8 @@ class FaultPlan:
             except FileExistsError:
                 return
             with os.fdopen(fd, "w") as fh:
-                json.dump({"index": i, "time": now, "rank": self.rank, "global_step": global_step, **f}, fh)
+                json.dump({"index": i, "time": now, "global_step": global_step, **f, "rank": self.rank,
+                           "planned_rank": f["rank"]}, fh)
             where = f"during the {point} of step {global_step} (fault plan entry {i})"
             event("fault", any_rank=True, kind=f["kind"], rank=self.rank, where=where, at=point,
                   global_step=global_step, plan_index=i)

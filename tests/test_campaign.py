@@ -57,11 +57,14 @@ def test_a_plan_entry_fires_once_across_processes(tmp_path):
     first = subprocess.run(fire, capture_output=True, text=True, timeout=60)
     assert first.returncode == -signal.SIGKILL and "killing rank 3 (SIGKILL) during the forward of step 5" in first.stdout
     marker = json.loads(fired_marker(path, 0).read_text())
-    assert (marker["index"], marker["rank"], marker["global_step"]) == (0, 3, 5)
+    assert (marker["index"], marker["rank"], marker["planned_rank"], marker["global_step"]) == (0, 3, 3, 5)
     again = subprocess.run(fire, capture_output=True, text=True, timeout=60)  # a restart, or a newcomer as rank 3
     assert again.returncode == 0 and again.stdout.strip() == "survived"
     assert [f["index"] for f in failures.fired(path)] == [0]
     assert [i for i, _ in FaultPlan.load(path, 5).entries] == [1]
+    # after an elastic shrink to 4 ranks training, rank 5's failure strikes rank 1
+    assert [i for i, _ in FaultPlan.load(path, 1, world_size=4).entries] == [1]
+    assert FaultPlan.load(path, 1).entries == [] and FaultPlan.load(path, 5, world_size=4).entries == []
 
 
 def test_a_due_entry_waits_for_its_point_and_time(tmp_path):

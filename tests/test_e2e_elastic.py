@@ -7,6 +7,7 @@ the last one on 4 ranks.
 """
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -77,18 +78,24 @@ def test_a_uce_after_a_shrink_strikes_the_state_training_now(tmp_path, want):
     """Rank 3 dies in step 1 (dp4 x mp2 -> dp3 x mp2 on 6), then rank 0's memory fails in the redone step's update
     (a fault plan, both due at once: rank 0 cannot reach that update before rank 3's death stops step 1). The UCE
     must damage the optimizer the shrink built: it damaged the one from before, which nothing used any more, so
-    the survivors found no one damaged and each printed its raw MPI error (MPI_ERR_OTHER) instead of this line."""
+    the survivors found no one damaged and each printed its raw MPI error (MPI_ERR_OTHER) instead of this line.
+    The plan's failure of rank 7 strikes rank 1 of the 6 training now (7 mod 6): it stayed with the process that
+    was rank 7, which may be idle or renumbered."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": [
-        {"time": 0, "rank": 3, "kind": "kill", "at": "forward"}, {"time": 0, "rank": 0, "kind": "uce", "at": "update"}]}))
+        {"time": 0, "rank": 3, "kind": "kill", "at": "forward"}, {"time": 0, "rank": 0, "kind": "uce", "at": "update"},
+        {"time": 0, "rank": 7, "kind": "uce", "at": "update"}]}))
     crash = mpirun(8, [*RUN, "--set", "tft.elastic=true", "--set", "fault.kind=plan"], cwd=tmp_path, timeout=120,
                    ft=True, env={"DSIM_FAULT_PLAN": str(plan)})
     assert crash.returncode == 1
     assert "going on with 6 of 7 living ranks as dp=3 mp=2 k=1" in crash.stdout, crash.stdout
-    assert "dsim: fault: UCE: uncorrectable memory error on rank 0 during the update of step 1" in crash.stdout
+    for rank in (0, 1):
+        assert f"dsim: fault: UCE: uncorrectable memory error on rank {rank} during the update of step 1" in crash.stdout
+    marker = json.loads(Path(f"{plan}.fired/2").read_text())
+    assert (marker["rank"], marker["planned_rank"], marker["global_step"]) == (1, 7, 1)
     errors = error_lines(crash)
     assert len(errors) == 1 and re.fullmatch(
-        r"dsim: error: rank\(s\) 0 had an uncorrectable memory error \(UCE\); last-gasp checkpoint ttp-1_1 \(global "
+        r"dsim: error: rank\(s\) 0, 1 had an uncorrectable memory error \(UCE\); last-gasp checkpoint ttp-1_1 \(global "
         r"step 1\) committed in run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_1 by 6 survivors, \d+ ms "
         r"after the failure was noticed; resume \(--resume auto\) continues at step 2", errors[0]), crash.stderr
     resumed = mpirun(8, [*RUN, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
