@@ -397,7 +397,7 @@ def test_a_fault_strikes_only_its_rank_at_its_point_and_step_and_once():
     from types import SimpleNamespace
     from dsim import faults
     injector = faults.FaultInjector("kill", rank=[0, 4], step=14, at="save")
-    run = SimpleNamespace(original_args=lambda: SimpleNamespace(rank=4, optimizer=None, model=None))
+    run = SimpleNamespace(original_args=lambda: SimpleNamespace(rank=4, world_size=8, optimizer=None, model=None))
     injector.begin(run)
     try:
         assert faults.strikes("save", 14)
