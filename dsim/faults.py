@@ -109,13 +109,14 @@ class FaultInjector(Callback):
     def recovered(self, run_context):
         """After an in-job repair or an elastic shrink: a UCE must strike the optimizer training now (a shrink
         builds a new one; striking the old one damaged memory no longer used, and nobody was found damaged),
-        and a fault plan's entries are those of this process's rank in the world training now."""
+        and a fault plan's entries are those of this process's rank in the world training now (a configured
+        fault, fault.rank, stays with the process that had that rank when training began)."""
         cb = run_context.original_args()
         self.optimizer = cb.optimizer
         self.in_place = getattr(getattr(cb.model, "recovery", None), "in_place", None)
-        if self.kind == "plan" and (cb.rank, cb.world_size) != (self.my_rank, self.world_size):
+        if self.kind == "plan" and (cb.rank, cb.world_size) != (self.plan.rank, self.world_size):
             self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank, cb.world_size)  # renumbered: its entries
-        self.my_rank, self.world_size = cb.rank, cb.world_size
+            self.world_size = cb.world_size
 
     def end(self, run_context):
         global _armed
