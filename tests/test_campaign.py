@@ -67,6 +67,17 @@ def test_a_plan_entry_fires_once_across_processes(tmp_path):
     assert FaultPlan.load(path, 1).entries == [] and FaultPlan.load(path, 5, world_size=4).entries == []
 
 
+def test_a_plan_ignores_the_configured_point(tmp_path):
+    # configs/lenet5.yaml keeps the page's fault.at: epoch_end, epoch: 6 for --set fault.kind=exception; a campaign
+    # sets fault.kind=plan over it, and every rank raised at the end of epoch 6 (a failure not in the plan)
+    from types import SimpleNamespace
+    from dsim.faults import FaultInjector
+    injector = FaultInjector("plan", epoch=6, at="epoch_end")
+    injector.my_rank = 0
+    injector.epoch_end(SimpleNamespace(original_args=lambda: SimpleNamespace(cur_epoch_num=6, cur_step_num=600)))
+    assert not injector.fired
+
+
 def test_a_due_entry_waits_for_its_point_and_time(tmp_path):
     path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(1e11, 0, "kill", "forward")], start=0.0)
     plan = FaultPlan.load(path, 0)

@@ -1,11 +1,13 @@
 """Warm spares end to end: `tft.spares: 1` starts one more process with the job; a kill -9 of a rank is healed by
 it (no spawn), the job finishes bit-identical to an uninterrupted run, and the spare leaves with the job on
 success and on errors. Every mpirun has a timeout."""
+import os
 import re
+import sys
 
 import pytest
 
-from conftest import ROOT, launch, mpirun
+from conftest import BIN, LAUNCHER, ROOT, ft_env, launch, mpirun
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
 
 pytestmark = pytest.mark.e2e
@@ -60,3 +62,24 @@ def test_the_spare_leaves_with_a_job_that_ends_in_an_error(tmp_path):
     # released, not orphaned: an orphaned spare would say so, and keep mpirun up to the timeout (a launcher stall,
     # the known Open MPI fault, is told only once every process of the job, the spare too, has ended)
     assert "spare: every training process" not in proc.stderr
+
+
+def test_a_fault_of_every_rank_strikes_the_spare_that_took_a_place_too(tmp_path):
+    """The LeNet page's myCallback raises on every rank at the end of epoch 6; here at the end of epoch 2, after a
+    kill -9 by hand of rank 3 in epoch 1 that the spare healed. The spare was built without the job's fault: it
+    went on into epoch 3 alone, in a collective nobody else joined, and the job hung until the launcher's timeout."""
+    from test_e2e_examples import finish, pid_of_rank, start, wait_for
+    out = f"run-{os.getpid()}-every-rank"  # this job's processes, told from other tests' by their command line
+    env = ft_env()
+    cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), *env.pop("DSIM_FT_MPIRUN_ARGS").split(), "-n", "9",
+           sys.executable, "-m", "dsim.train", *OPTS, "--set", "data.num_samples=640", "--set", f"output.dir={out}",
+           *SPARE, "--set", "fault.kind=exception", "--set", "fault.at=epoch_end", "--set", "fault.epoch=2"]
+    log = tmp_path / "job.log"
+    proc = start(cmd, tmp_path, log, env)
+    wait_for(log, "epoch: 1 step: 2,", proc)
+    os.kill(pid_of_rank(out, 3), 9)
+    code, text = finish(proc, log, timeout=120)
+    assert code == 1, text
+    heal = text.index("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7")
+    assert text.index("dsim: error: rank 0: Some errors happen. (injected on rank 0 at the end of epoch 2)") > heal
+    assert "epoch: 2 step: 20," in text and "epoch: 3" not in text and "spare: every training process" not in text

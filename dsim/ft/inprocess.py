@@ -239,8 +239,12 @@ def take_place(world, pool, joining):
     """
     from ..engine import build_run
     cfg = config_from_dict(joining["cfg"])
-    cfg.fault = FaultConfig(kind="plan" if cfg.fault.kind == "plan" else None)  # a new, healthy process (a
-    # fault plan's entries fire once in the whole campaign, so a newcomer may keep the plan)
+    f = cfg.fault
+    # a new, healthy process: a fault of a rank (fault.rank) was its predecessor's, not its own; a fault plan's
+    # entries fire once in the whole campaign, and a fault of every rank (the LeNet page's exception at the end
+    # of epoch 6) is the job's: the newcomer keeps those, or it trains on alone when the others stop
+    job_wide = f.kind == "plan" or (f.kind == "exception" and f.rank is None)
+    cfg.fault = f if job_wide else FaultConfig()
     run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
     run.spares = pool
     step = joining["step"]
