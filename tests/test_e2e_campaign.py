@@ -109,7 +109,9 @@ def test_campaign_report_matches_the_jobs_metrics(tmp_path):
 
 def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
     out = tmp_path / "report"
-    p = subprocess.Popen([sys.executable, "-m", "dsim.campaign", *SMALL, "--duration", "8s", "--mtbf", "4s",
+    # on 4 ranks (--ranks: the launch scripts' RANK_SIZE; the jobs ran on 8 whatever it said)
+    p = subprocess.Popen([sys.executable, "-m", "dsim.campaign", *SMALL, "--set", "parallel.model_parallel=2",
+                          "--ranks", "4", "--duration", "8s", "--mtbf", "4s",
                           "--strategy", "periodic,arf", "--save-every", "10", "-o", str(out)], cwd=tmp_path,
                          env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
@@ -135,3 +137,6 @@ def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
     assert row["strategy"] == "periodic" and row["seconds"] >= 8 and row["losses"]["equal"] is None
     assert row["steps"] == max([e["global_step"] for e in metrics(row) if e["event"] == "step"], default=0)
     assert any(x.startswith("periodic ") and x.endswith("not checked") for x in doc["table"])
+    log = (out / "periodic-every10" / "jobs.log").read_text()
+    assert "+ RANK_SIZE=4 bash launch/run_parallel_save_ckpt.sh" in log and " -n 4 python -m dsim.train" in log
+    assert "dsim: 4 ranks, data_parallel=2 model_parallel=2" in log

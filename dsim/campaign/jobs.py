@@ -29,7 +29,8 @@ class Job:
         self.id, self.started = job_id, time.time()
         self.deadline = self.started + timeout
         self.log = open(log, "a")
-        self.log.write(f"+ bash launch/{script} {' '.join(map(str, args))}\n")
+        ranks = f"RANK_SIZE={env['RANK_SIZE']} " if "RANK_SIZE" in env else ""
+        self.log.write(f"+ {ranks}bash launch/{script} {' '.join(map(str, args))}\n")
         self.log.flush()
         env = {**os.environ, **env, MARK: job_id, "VIRTUAL_ENV": sys.prefix,
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -124,8 +124,8 @@ def run_reference(s: Settings, save_every: int, target: int = 0, say: Callable =
     start = time.time()
     end, limit = start + s.duration, start + 4 * s.duration
     metrics = d / "run" / "metrics.jsonl"
-    job = Job(SAVE, job_args(s, save_every, keep=1_000_000), d, d / "jobs.log", {}, f"{s.tag}-ref",
-              limit - start + GRACE)
+    job = Job(SAVE, job_args(s, save_every, keep=1_000_000), d, d / "jobs.log", {"RANK_SIZE": str(s.ranks)},
+              f"{s.tag}-ref", limit - start + GRACE)
     pruned, pruning = 0, time.time()
     try:
         reached, checked = 0, 0.0
@@ -181,7 +181,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
             if job is None:
                 resume = newest_committed(d / "run" / "checkpoints") is not None
                 args = job_args(s, save_every, extra) + (["--repair"] if resume else [])
-                job = Job(RECOVER if resume else SAVE, args, d, d / "jobs.log", {PLAN_ENV: str(path)},
+                job = Job(RECOVER if resume else SAVE, args, d, d / "jobs.log", {PLAN_ENV: str(path), "RANK_SIZE": str(s.ranks)},
                           f"{s.tag}-{name}-{len(jobs)}", end - time.time() + GRACE)
                 jobs.append({"started": job.started, "resume": resume})
             code = job.poll()
