@@ -97,7 +97,7 @@ class FaultInjector(Callback):
     def begin(self, run_context):
         global _armed
         cb = run_context.original_args()
-        self.my_rank, self.world_size, self.optimizer = cb.rank, cb.world_size, cb.optimizer
+        self.my_rank, self.optimizer = cb.rank, cb.optimizer
         recovery = getattr(cb.model, "recovery", None)
         self.in_place = getattr(recovery, "in_place", None)  # a UCE repaired in place (tft.uce_in_place)
         if self.kind == "plan":
@@ -114,9 +114,8 @@ class FaultInjector(Callback):
         cb = run_context.original_args()
         self.optimizer = cb.optimizer
         self.in_place = getattr(getattr(cb.model, "recovery", None), "in_place", None)
-        if self.kind == "plan" and (cb.rank, cb.world_size) != (self.plan.rank, self.world_size):
+        if self.kind == "plan" and (cb.rank, cb.world_size) != (self.plan.rank, self.plan.world_size):
             self.plan = FaultPlan.load(os.environ[PLAN_ENV], cb.rank, cb.world_size)  # renumbered: its entries
-            self.world_size = cb.world_size
 
     def end(self, run_context):
         global _armed
@@ -200,8 +199,9 @@ PLAN_POINTS = ("forward", "allreduce", "update")
 class FaultPlan:
     """This rank's entries of a fault plan, in time order; each fires once across every process of the campaign."""
 
-    def __init__(self, path, rank: int, entries: list):
+    def __init__(self, path, rank: int, entries: list, world_size: int = None):
         self.path, self.rank, self.entries = Path(path), rank, entries  # [(index, entry)] of this rank
+        self.world_size = world_size  # the ranks training when it was loaded (entries' ranks modulo it)
 
     @classmethod
     def load(cls, path, rank: int, world_size: int = None) -> "FaultPlan":
@@ -212,7 +212,7 @@ class FaultPlan:
         Path(f"{path}.fired").mkdir(exist_ok=True)
         mine = [(i, f) for i, f in enumerate(faults)
                 if (f["rank"] % world_size if world_size else f["rank"]) == rank and not fired_marker(path, i).exists()]
-        return cls(path, rank, sorted(mine, key=lambda x: x[1]["time"]))
+        return cls(path, rank, sorted(mine, key=lambda x: x[1]["time"]), world_size)
 
     def strike(self, point: str, global_step: int, injector: "FaultInjector") -> None:
         """Fire the first due entry set for this point, unless another process already did."""

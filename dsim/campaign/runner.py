@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..checkpoint import load_checkpoint, progression
-from ..checkpoint.catalog import find_checkpoint_dirs, scan
+from ..checkpoint.catalog import find_checkpoint_dirs, read_index, scan
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.format import read_file
 from ..checkpoint.loader import param_dict_of
@@ -88,7 +88,7 @@ def damage(path, dataset=None) -> tuple:
         ds = f[dataset] if dataset else f["params"][sorted(f["params"])[0]]
         offset = ds.id.get_offset() + ds.nbytes // 2
         tensor = ds.name.lstrip("/")
-        where = Slice(tuple(int(x) for x in ds.attrs["offsets"]), tuple(int(x) for x in ds.attrs["extents"]))
+    where = read_index(path).tensors[tensor][1]
     with open(path, "r+b") as fh:
         fh.seek(offset)
         byte = fh.read(1)
@@ -257,24 +257,16 @@ def final_state(row: dict, ref: dict) -> dict:
             differ.append(f"rank {shard.rank}: other tensors")
         differ += [f"rank {shard.rank}: {k}" for k in a.slices if k in b.slices and not np.array_equal(a[k], b[k])]
         compared |= {(k, where) for k, where in a.slices.items()}
-    unchecked = [f"rank {r}: {t}" for r, path, t in lost if str(Path(path)) in damaged_by_us
-                 and (t.split("/", 1)[1], _slice_of(path, t)) not in compared]
-    out.update(tensors=len(compared), differ=differ[:10],
-               damaged=[f"rank {r}: {t}" for r, path, t in lost if str(Path(path)) in damaged_by_us])
+    ours = [(r, path, t) for r, path, t in lost if str(Path(path)) in damaged_by_us]
+    unchecked = [f"rank {r}: {t}" for r, path, t in ours
+                 if (t.split("/", 1)[1], read_index(path).tensors[t][1]) not in compared]
+    out.update(tensors=len(compared), differ=differ[:10], damaged=[f"rank {r}: {t}" for r, _, t in ours])
     if differ:
         return {**out, "equal": False}
     if unchecked:
         return {**out, "equal": None, "why": "damaged by the campaign and held by no other rank: "
                 + ", ".join(unchecked)}
     return {**out, "equal": True}
-
-
-def _slice_of(path, tensor: str):
-    """Where the tensor `<kind>/<name>` of a checkpoint file sits in its global tensor (its attributes)."""
-    import h5py
-    with h5py.File(path, "r") as f:
-        a = f[tensor].attrs
-        return Slice(tuple(int(x) for x in a["offsets"]), tuple(int(x) for x in a["extents"]))
 
 
 def newest_committed_periodic(directory: Path):
