@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+
 import pytest
 
 from dsim.campaign import analysis, failures, report, scale, strategies
@@ -223,6 +224,26 @@ def test_checkpoint_cost_and_losses():
     assert analysis.losses_equal(events, 100, ref) == {"compared": 15, "differ": 1, "first_difference": 12,
                                                        "beyond_reference": 5}
     assert analysis.percentile([1, 2, 3, 4], 50) == 2.5 and analysis.percentile([], 90) is None
+
+
+def test_an_async_save_costs_the_steps_its_write_runs_beside():
+    # ordinary steps of 1 s; a save every 5 steps stalls its step 0.1 s and slows the two after it by 0.2 s
+    # each, until it is committed inside the second of them
+    t, events = 0.0, []
+    for g in range(1, 31):
+        slow = {0: 0.1, 1: 0.2, 2: 0.2}.get(g % 5, 0.0) if g > 5 else 0.1 * (g == 5)
+        t += 1.0 + slow
+        if g % 5 == 2 and g > 5:
+            events.append(ev("checkpoint_committed", t - 0.05, global_step=g - 2))
+        events.append(ev("step", t, global_step=g, loss=float(g)))
+    cost = analysis.checkpoint_cost(events, end=100, save_every=5)
+    assert cost["step_s"] == pytest.approx(1.0) and cost["rate"] == pytest.approx(1.0)
+    # 0.1 + 0.2 + 0.2, not the stall alone (the save of step 30, still running at the end, costs 0.1)
+    assert cost["saves"] == 6 and cost["save_s"] == pytest.approx(0.5)
+    # a save never committed (its job killed) costs its own step; the steps after it count as ordinary
+    cut = [e for e in events if e["event"] != "checkpoint_committed" or e["global_step"] in (5, 10)]
+    cost = analysis.checkpoint_cost(cut, end=100, save_every=5)
+    assert cost["saves"] == 6 and cost["save_s"] == pytest.approx(0.1) and cost["step_s"] == pytest.approx(1.0)
 
 
 def test_the_strategy_table():

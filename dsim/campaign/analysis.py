@@ -106,30 +106,57 @@ def failures(events: list, end: float, restarts=(), broken=None) -> list[dict]:
     return out
 
 
-def step_times(events: list, end: float) -> list[tuple]:
-    """(global_step, seconds) of every step that directly followed the previous one in the same run."""
+def _runs_of_steps(events: list, end: float) -> list[tuple]:
+    """(global_step, seconds, time) of every step that directly followed the previous one in the same run."""
     out, prev = [], None
     for e in events:
         if e["time"] > end:
             break
         if e["event"] == "step":
             if prev is not None and e["global_step"] == prev["global_step"] + 1:
-                out.append((e["global_step"], e["time"] - prev["time"]))
+                out.append((e["global_step"], e["time"] - prev["time"], e["time"]))
             prev = e
         elif e["event"] != "checkpoint_committed":  # a save inside the step is part of its time
             prev = None  # a fault, a repair or a new run in between: not an ordinary step
     return out
 
 
+def step_times(events: list, end: float) -> list[tuple]:
+    """(global_step, seconds) of every step that directly followed the previous one in the same run."""
+    return [(g, s) for g, s, _ in _runs_of_steps(events, end)]
+
+
 def checkpoint_cost(events: list, end: float, save_every: int) -> dict:
-    """Ordinary step time, and what a save adds to its step (median), from the step events."""
-    times = step_times(events, end)
-    plain = [s for g, s in times if g % save_every]
-    saving = [s for g, s in times if g % save_every == 0]
+    """Ordinary step time, and what a save costs (median over saves), from the step events.
+
+    A save costs the steps it runs beside what they took beyond an ordinary step: the step that saves, and,
+    when the save is async, every later step up to the one in which it was committed (the background write
+    slows them). An ordinary step is one no save ran beside."""
+    runs = _runs_of_steps(events, end)
+    commits = [(e["global_step"], e["time"]) for e in events if e["event"] == "checkpoint_committed"
+               and e["time"] <= end]
+    windows, i = [], 0  # for each saving step: the indices into `runs` of the steps the save ran beside
+    while i < len(runs):
+        g, _, t = runs[i]
+        if g % save_every:
+            i += 1
+            continue
+        # its commit: the first of its step after the step began (a sync save commits inside it; none: killed)
+        done = next((c for s, c in commits if s == g and c > t - runs[i][1]), None)
+        j = i
+        while (done is not None and done > runs[j][2] and j + 1 < len(runs) and runs[j + 1][0] == runs[j][0] + 1
+               and runs[j + 1][0] % save_every):
+            j += 1
+        windows.append(range(i, j + 1))
+        i = j + 1
+    beside = {k for w in windows for k in w}
+    plain = [s for k, (g, s, _) in enumerate(runs) if k not in beside]
     step = statistics.median(plain) if plain else None
-    save = max(0.0, statistics.median(saving) - step) if saving and step is not None else None
-    rate = len(plain) / sum(plain) if plain else None  # steps per second of the steps without a save
-    return {"step_s": step, "save_s": save, "saves": len(saving), "rate": rate}
+    save = None
+    if windows and step is not None:
+        save = max(0.0, statistics.median(sum(runs[k][1] - step for k in w) for w in windows))
+    rate = len(plain) / sum(plain) if plain else None  # steps per second of the steps no save ran beside
+    return {"step_s": step, "save_s": save, "saves": len(windows), "rate": rate}
 
 
 def progress(events: list, end: float) -> int:
