@@ -223,13 +223,10 @@ class FaultPlan:
             if f["at"] != point:
                 continue
             del self.entries[n]
-            try:  # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)
-                fd = os.open(fired_marker(self.path, i), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+            # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)
+            if not claim_entry(self.path, i, {"index": i, "time": now, "global_step": global_step, **f,
+                                              "rank": self.rank, "planned_rank": f["rank"]}):
                 return
-            with os.fdopen(fd, "w") as fh:
-                json.dump({"index": i, "time": now, "global_step": global_step, **f, "rank": self.rank,
-                           "planned_rank": f["rank"]}, fh)
             where = f"during the {point} of step {global_step} (fault plan entry {i})"
             event("fault", any_rank=True, kind=f["kind"], rank=self.rank, where=where, at=point,
                   global_step=global_step, plan_index=i)
@@ -246,3 +243,15 @@ class FaultPlan:
 def fired_marker(plan, index: int) -> Path:
     """The file that says entry `index` of the plan at `plan` has fired (created by the rank that fired it)."""
     return Path(f"{plan}.fired") / str(index)
+
+
+def claim_entry(plan, index: int, record: dict) -> bool:
+    """Create entry `index`'s marker holding `record`, unless a process already did (False): exclusive, so
+    an entry fires at most once across every process (or is claimed by the campaign, so it never does)."""
+    try:
+        fd = os.open(fired_marker(plan, index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        json.dump(record, fh)
+    return True

@@ -68,6 +68,16 @@ def test_a_plan_entry_fires_once_across_processes(tmp_path):
     assert FaultPlan.load(path, 1).entries == [] and FaultPlan.load(path, 5, world_size=4).entries == []
 
 
+def test_the_campaign_claims_the_entries_not_fired_at_the_end_of_its_budget(tmp_path):
+    path = plan_file(tmp_path, [(1.0, 3, "kill", "forward"), (2.0, 5, "kill", "forward")])
+    fire = [sys.executable, "-c", FIRE, str(path), "3"]
+    assert subprocess.run(fire, capture_output=True, text=True, timeout=60).returncode == -signal.SIGKILL
+    plan = FaultPlan.load(path, 5)  # a job that loaded entry 1 before the budget ran out
+    assert failures.claim_unfired(path) == [1] and failures.claim_unfired(path) == []
+    plan.strike("forward", 7, None)  # due, but claimed: it does not strike (the injector is not even needed)
+    assert [f["index"] for f in failures.fired(path)] == [0] and FaultPlan.load(path, 5).entries == []
+
+
 def test_a_plan_ignores_the_configured_point(tmp_path):
     # configs/lenet5.yaml keeps the page's fault.at: epoch_end, epoch: 6 for --set fault.kind=exception; a campaign
     # sets fault.kind=plan over it, and every rank raised at the end of epoch 6 (a failure not in the plan)
@@ -201,6 +211,17 @@ def test_a_newcomer_is_not_a_restart():
               + steps(5, 8, 5))
     (rec,) = analysis.failures(events, end=100)
     assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["recovery_s"]) == ("in the job", 4, 0, 0.5)
+
+
+def test_a_failure_recovered_after_the_budget_counts_when_the_campaign_waited_for_it():
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 5, 1)
+              + [ev("fault", 5.5, rank=0, kind="kill", global_step=6, plan_index=0),
+                 ev("train_begin", 9.0, global_step=5)] + steps(6, 7, 9.5))
+    (cut,) = analysis.failures(events, end=8, restarts=[7.0])
+    assert cut["seen"] is False and not cut["recovered"]
+    (rec,) = analysis.failures(events, end=8, restarts=[7.0], until=20)
+    assert (rec["how"], rec["resumed_from"], rec["recovered"], rec["recovery_s"]) == ("restart", 5, True, 4.0)
+    assert analysis.failures(events, end=5, restarts=[7.0], until=20) == []  # struck after the budget: not counted
 
 
 def test_a_failure_the_budget_left_no_time_for():

@@ -138,11 +138,15 @@ def main(argv=None) -> int:
                 row = analyse(raw, None, {})
                 doc["combinations"].append(row)
                 report.write_json(s.out, doc)
+                tail = raw["settled"] - raw["end"]
                 say(f"campaign: {strategy.name}-every{k}: {row['steps']} steps, {row['failures_injected']} failure(s), "
-                    f"{row['survived']} survived")
+                    f"{row['survived']} survived" + (f" (the job ran {tail:.0f} s past the budget to recover)"
+                                                     if tail >= 1 else ""))
         keep = {c.global_step for c in (runner.newest_committed_periodic(Path(raw["dir"]) / "run" / "checkpoints")
                                         for raw in raws) if c is not None}
-        ref = runner.run_reference(s, runner.gcd(s.intervals), furthest(raws), say, keep)
+        # as far as any combination got in its budget, and past every final checkpoint (one may have been
+        # committed while a combination recovered after its budget)
+        ref = runner.run_reference(s, runner.gcd(s.intervals), max([furthest(raws), *keep]), say, keep)
         doc["fault_free"] = ref
         events_of[ref["dir"]] = analysis.read_events(Path(ref["dir"]) / "run" / "metrics.jsonl")
         ref_losses = runner.reference_losses(ref)

@@ -13,7 +13,8 @@ Per failure (a `fault` event of the plan, written by the victim as it strikes in
   failure damaged where no replica can repair it), or a last gasp since;
 - recovery: from the failure to the next finished step (the resumed-from step + 1: its `step` event, or a
   last gasp of it or a later step, as when rank 0 dies inside the update of a step its replicas finished);
-  *recovered* when that step finished before the budget ran out.
+  *recovered* when that step finished before the campaign stopped the job: at the end of the budget, or,
+  when a failure struck within it was still being recovered then, once it was (at most runner.TAIL later).
 """
 from __future__ import annotations
 
@@ -52,13 +53,15 @@ def percentile(values, q: float):
     return v[lo] + (v[hi] - v[lo]) * (x - lo)
 
 
-def failures(events: list, end: float, restarts=(), broken=None) -> list[dict]:
-    """One record per fault of the plan before `end` (see the module docstring); `restarts`: when each job
-    after the first was started (a newcomer that takes a dead rank's place in the job also logs a
-    `train_begin`, so only those after a restart count as one); `broken`: {plan index: checkpoint name} for
-    each `corrupt` failure that damaged a file no replica can repair: from it on, that checkpoint is not
-    promised."""
+def failures(events: list, end: float, restarts=(), broken=None, until=None) -> list[dict]:
+    """One record per fault of the plan before `end` (see the module docstring), met and recovered by `until`
+    (default `end`: the campaign lets the job go on after its budget until the failures in it are recovered);
+    `restarts`: when each job after the first was started (a newcomer that takes a dead rank's place in the
+    job also logs a `train_begin`, so only those after a restart count as one); `broken`: {plan index:
+    checkpoint name} for each `corrupt` failure that damaged a file no replica can repair: from it on, that
+    checkpoint is not promised."""
     faults = [e for e in events if e["event"] == "fault" and e.get("plan_index") is not None and e["time"] <= end]
+    end = end if until is None else max(end, until)
     struck = {f["plan_index"]: f["time"] for f in faults}
     out = []
     for f in faults:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..faults import PLAN_KINDS, PLAN_POINTS, fired_marker
+from ..faults import PLAN_KINDS, PLAN_POINTS, claim_entry, fired_marker
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "y": 365 * 86400}
 
@@ -56,16 +56,28 @@ def write_plan(path, failures: list, start: float) -> Path:
 
 
 def fired(path) -> list[dict]:
-    """The entries of the plan at `path` that fired, as their markers say (index, time, rank, global_step, ...)."""
+    """The entries of the plan at `path` that fired, as their markers say (index, time, rank, global_step, ...);
+    not those the campaign claimed (claim_unfired)."""
     n = len(json.loads(Path(path).read_text())["faults"])
     out = []
     for i in range(n):
         try:
-            out.append(json.loads(fired_marker(path, i).read_text()))
+            marker = json.loads(fired_marker(path, i).read_text())
         except (OSError, ValueError):  # not fired (or its marker half-written as the rank died: still fired)
             if fired_marker(path, i).exists():
                 out.append({"index": i})
+            continue
+        if not marker.get("claimed"):
+            out.append(marker)
     return out
+
+
+def claim_unfired(path) -> list[int]:
+    """Take every entry of the plan at `path` that has not fired yet, so none fires from now on (its marker
+    says it was claimed); the indices claimed."""
+    n = len(json.loads(Path(path).read_text())["faults"])
+    Path(f"{path}.fired").mkdir(exist_ok=True)
+    return [i for i in range(n) if claim_entry(path, i, {"index": i, "claimed": True})]
 
 
 def to_dicts(failures: list) -> list[dict]:

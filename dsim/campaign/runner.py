@@ -7,7 +7,10 @@ would) and one fault plan (dsim.faults, fault.kind: plan): each planned failure 
 in whichever job is then running; when the job ends before the budget is spent (a failure it does not
 heal, or one it could not), the next is started at once with `launch/run_parallel_recover_ckpt.sh
 --repair` (the newest usable committed checkpoint, periodic or last gasp), or from scratch when there is
-none yet. At the end of the budget the running job is stopped.
+none yet. When the budget is spent, no further failure strikes (the campaign claims the plan's entries not
+fired yet) and the job goes on until every failure struck within the budget has been recovered, for at most
+TAIL seconds, so that a failure shortly before the end is not counted unrecovered for want of time; the
+figures of goodput count the budget only. Then the running job is stopped.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from .strategies import Strategy
 
 SAVE = "run_parallel_save_ckpt.sh"
 RECOVER = "run_parallel_recover_ckpt.sh"
-GRACE = 30.0  # a job's timeout: the combination's remaining budget and this
+GRACE = 30.0  # a job's timeout: the combination's remaining budget (and TAIL) and this
+TAIL = 60.0  # after the budget, the most a combination waits for the failures struck in it to be recovered
 
 
 class CampaignError(Exception):
@@ -175,14 +179,25 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     end = start + s.duration
     path = failure_process.write_plan(d / "plan.json", plan, start)
     say(f"campaign: {name}: {strategy.summary}; {len(plan)} failure(s) planned in {s.duration:.0f} s")
-    jobs, damaged, job = [], {}, None
+    jobs, damaged, job, closed, checked = [], {}, None, None, 0.0
     try:
-        while time.time() < end:
+        while True:
+            now = time.time()
+            if now >= end:
+                if closed is None:  # no failure strikes after the budget (one may have as it ran out)
+                    failure_process.claim_unfired(path)
+                    closed = time.time()
+                if now >= end + TAIL:
+                    break
+                if now >= checked + 1:
+                    checked = now
+                    if not _unrecovered(d, closed, now, jobs, damaged):
+                        break
             if job is None:
                 resume = newest_committed(d / "run" / "checkpoints") is not None
                 args = job_args(s, save_every, extra) + (["--repair"] if resume else [])
                 job = Job(RECOVER if resume else SAVE, args, d, d / "jobs.log", {PLAN_ENV: str(path), "RANK_SIZE": str(s.ranks)},
-                          f"{s.tag}-{name}-{len(jobs)}", end - time.time() + GRACE)
+                          f"{s.tag}-{name}-{len(jobs)}", end + TAIL - time.time() + GRACE)
                 jobs.append({"started": job.started, "resume": resume})
             code = job.poll()
             _damage_fired(path, d, damaged)  # before any restart: the victim's disk fails with it
@@ -196,16 +211,28 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     finally:
         if job is not None:
             job.stop()
-            jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget was spent
+            jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget (and the recoveries) done
+    settled = time.time()
     events = analysis.read_events(d / "run" / "metrics.jsonl")
-    broken = {i: x["checkpoint"] for i, x in damaged.items() if x and not x["replica"]}
-    recs = analysis.failures(events, end, [j["started"] for j in jobs[1:]], broken)
-    fired = [f for f in failure_process.fired(path) if f.get("time", 0) <= end]
+    recs = _failures(events, closed or settled, settled, jobs, damaged)
+    fired = failure_process.fired(path)
     for r in recs:
         r["damaged_file"] = (damaged.get(r["index"]) or {}).get("file")
     return {"strategy": strategy.name, "save_every": save_every, "exact_required": strategy.exact,
-            "start": start, "end": end, "dir": str(d), "jobs": jobs, "fired": len(fired),
+            "start": start, "end": end, "settled": settled, "dir": str(d), "jobs": jobs, "fired": len(fired),
             "damaged_files": sorted(x["file"] for x in damaged.values() if x), "failures": recs, "events": events}
+
+
+def _failures(events: list, end: float, until: float, jobs: list, damaged: dict) -> list:
+    """analysis.failures of a combination: those struck by `end` (the budget's end), recovered by `until`."""
+    broken = {i: x["checkpoint"] for i, x in damaged.items() if x and not x["replica"]}
+    return analysis.failures(events, end, [j["started"] for j in jobs[1:]], broken, until)
+
+
+def _unrecovered(d: Path, end: float, now: float, jobs: list, damaged: dict) -> int:
+    """How many failures struck within the budget are not recovered yet."""
+    events = analysis.read_events(d / "run" / "metrics.jsonl")
+    return sum(not r["recovered"] for r in _failures(events, end, now, jobs, damaged))
 
 
 def _damage_fired(plan, d: Path, done: dict) -> None:
