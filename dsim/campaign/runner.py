@@ -189,7 +189,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
                     closed = time.time()
                 if now >= end + TAIL:
                     break
-                if now >= checked + 1:
+                if job is None or now >= checked + 1:  # (no restart once nothing is left to recover)
                     checked = now
                     if not _unrecovered(d, closed, now, jobs, damaged):
                         break
