@@ -35,7 +35,7 @@ class UsageError(Exception):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dsim.reshard", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m dsim.reshard", description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("src", metavar="SRC", help="checkpoint directory, <name>.commit, or DIR/NAME")
     ap.add_argument("--layout", required=True, help="target layout, e.g. dp=3,mp=2,k=1 (also pp=)")
     ap.add_argument("--world", type=int, help="target world size (lets --layout leave out dp)")
