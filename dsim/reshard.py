@@ -9,8 +9,9 @@ DST receives the same checkpoint (same name, prefix, step and scalar state) laid
 then its group info files, the prefix's graph meta, and last its commit record. Files are written tensor
 by tensor: each is read from SRC (only the bytes that overlap it, dsim.checkpoint.reshard) when the writer
 reaches it. SRC is only read (a read-only SRC works). `--world N` may leave dp out of --layout
-(`--layout mp=2 --world 6` is dp=3). The pipeline stage count stays the source's: which layers each stage
-holds is the model's to say, so changing it is done at load (`--resume auto` on the new layout).
+(`--layout mp=2 --world 6` is dp=3). The pipeline stage count stays the source's (pp= may be left out):
+which layers each stage holds is the model's to say, so changing it is done at load (`--resume auto` on the
+new layout).
 Bad input is one line and exit 2; DST never loses or overwrites a checkpoint it already has.
 """
 from __future__ import annotations
@@ -49,15 +50,17 @@ def target_layout(text: str, world, source: ParallelLayout) -> ParallelLayout:
         given = parse_layout(text)
     except (ValueError, LayoutError) as e:
         raise UsageError(str(e)) from None
-    keys = {k.strip().split("=")[0] for k in text.split(",") if k.strip()}
+    keys = {k.strip().split("=")[0].strip() for k in text.split(",") if k.strip()}
     dp = given.data_parallel
+    # pp left out: the source's (a pp=2 checkpoint resharded to dp=1,mp=2 is 4 ranks, 2 a stage)
+    pp = given.pipeline_stage if keys & {"pp", "pipeline_stage"} else source.pipeline_stage
     if world is not None and not keys & {"dp", "data_parallel"}:
-        per = given.model_parallel * given.pipeline_stage
+        per = given.model_parallel * pp
         if world < 1 or world % per:
             raise UsageError(f"--world {world} is not a multiple of model_parallel x pipeline_stage = {per}")
         dp = world // per
     try:
-        layout = ParallelLayout(dp, given.model_parallel, given.optimizer_shard, given.pipeline_stage)
+        layout = ParallelLayout(dp, given.model_parallel, given.optimizer_shard, pp)
         if world is not None:
             layout.check_world_size(world)
     except LayoutError as e:

@@ -432,8 +432,9 @@ class ModelCheckpoint(Callback):
             say(f"checkpoint saved: {self.directory / name} ({total / 2**20:.1f} MiB in "
                 f"{1 if self.config.integrated_save else comm.size} file(s), {how})")
             if not self.config.integrated_save and len(group_info(groups.layout, 0)) == 1:
-                warnings.warn(f"optimizer_shard={groups.layout.optimizer_shard} = data_parallel: no rank has a replica, "
-                              "a lost shard cannot be repaired from another rank")
+                k, dp = groups.layout.optimizer_shard, groups.layout.data_parallel
+                warnings.warn(("data_parallel=1" if dp == 1 else f"optimizer_shard={k} = data_parallel") +
+                              ": no rank has a replica, a lost shard cannot be repaired from another rank")
         return name
 
     @staticmethod
