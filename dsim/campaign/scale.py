@@ -24,10 +24,12 @@ RANKS = (1024, 4096, 16384, 65536)
 
 
 def holders(ranks: int, model_parallel: int, per_slice: int) -> int:
-    """Holders per slice of the layout at `ranks` that keeps the measured job's `per_slice` holders
-    (dp = ranks / mp, optimizer shard dp / per_slice), from its minimal fatal sets."""
-    dp = ranks // model_parallel
-    layout = ParallelLayout(dp, model_parallel, max(1, dp // per_slice))
+    """Holders per slice of the layout at `ranks` that keeps the measured job's `per_slice` holders, or the
+    most below it that divide dp (dp = ranks / mp, optimizer shard dp / holders: 3 holders of dp3 become 2
+    of dp512, never more than measured), from its minimal fatal sets."""
+    dp = max(1, ranks // model_parallel)
+    h = max(d for d in range(1, min(per_slice, dp) + 1) if dp % d == 0)
+    layout = ParallelLayout(dp, model_parallel, dp // h)
     return min(len(s) for s in survivability(layout, rows=0).fatal_sets)
 
 
