@@ -203,6 +203,23 @@ def test_a_step_a_last_gasp_saved_was_finished():
     assert (second["recovered"], second["recovery_s"], second["resumed_from"]) == (True, 9.5, 11)
 
 
+def test_a_step_an_elastic_shrink_went_on_after_was_finished():
+    # restarted from step 10; rank 0 (which logs steps) dies inside the update of step 11, which its replicas
+    # finished; the survivors shrink and go on, and the new rank 0 logs step 12 first: the restart's recovery
+    # ends there (it was counted unrecovered, and the campaign waited its whole 60 s for it)
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 10, 1) +
+              [ev("fault", 10.5, rank=0, kind="uce", global_step=11, plan_index=0),
+               ev("train_begin", 14, global_step=10),
+               ev("fault", 14.1, rank=0, kind="corrupt", at="update", global_step=11, plan_index=1),
+               ev("elastic", 14.2, failed=[0], global_step=11),
+               ev("recovered", 14.3, global_step=12)] + steps(12, 13, 14.3))
+    restart, shrink = analysis.failures(events, end=100, restarts=[13])
+    assert (restart["how"], restart["resumed_from"], restart["recovered"], restart["recovery_s"]) == \
+        ("restart", 10, True, 3.8)
+    assert (shrink["how"], shrink["resumed_from"], shrink["recovered"], shrink["recovery_s"]) == \
+        ("in the job", 11, True, 0.2)
+
+
 def test_a_newcomer_is_not_a_restart():
     # rank 0 dies; a warm spare takes its place and, as rank 0, logs train_begin before the heal is logged
     events = ([ev("train_begin", 0, global_step=0)] + steps(1, 4, 1) +

@@ -11,8 +11,9 @@ Per failure (a `fault` event of the plan, written by the victim as it strikes in
   what the scheme promises: 0 in the job, else back to the newest checkpoint committed before it (a
   `checkpoint_committed` event: an async save still in flight does not count; nor one whose file a `corrupt`
   failure damaged where no replica can repair it), or a last gasp since;
-- recovery: from the failure to the next finished step (the resumed-from step + 1: its `step` event, or a
-  last gasp of it or a later step, as when rank 0 dies inside the update of a step its replicas finished);
+- recovery: from the failure to the next finished step (the resumed-from step + 1: its `step` event, a
+  later step's, or a last gasp of it or a later step, as when rank 0 dies inside the update of a step its
+  replicas finished: then that step has no `step` event);
   *recovered* when that step finished before the campaign stopped the job: at the end of the budget, or,
   when a failure struck within it was still being recovered then, once it was (at most runner.TAIL later).
 """
@@ -97,12 +98,12 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                      and e["global_step"] <= f["global_step"])]
             newest = max([0, *saved])
             rec["predicted_lost"] = 0 if meet[0] == "in the job" else max(0, before - newest)
-            # the next step finished: its step event, or a last gasp of it or later (rank 0, which logs steps,
-            # may die inside the update of a step its replicas finished, and the gasp saves that step)
+            # the next step finished: its step event or a later step's, or a last gasp of it or later (rank 0,
+            # which logs steps, may die inside the update of a step its replicas finished: the gasp saves that
+            # step, or an elastic shrink goes on after it and the new rank 0 logs the steps that follow)
             done = next((e.get("noticed_at", e["time"]) for e in events if e["time"] > meet[2]["time"] - 1e-9
                          and e.get("noticed_at", e["time"]) <= end
-                         and (e["event"] == "step" and e["global_step"] == meet[1] + 1
-                              or e["event"] == "last_gasp_saved" and e["global_step"] > meet[1])), None)
+                         and e["event"] in ("step", "last_gasp_saved") and e["global_step"] > meet[1]), None)
             if done is not None:
                 rec["recovered"], rec["recovery_s"] = True, round(done - f["time"], 3)
         out.append(rec)
