@@ -176,6 +176,25 @@ def test_whether_a_damaged_slice_has_a_replica(layout, replica):
     assert has_replica(record, 1, f"params/{mine.name}", Slice((0, 0), (1, 1))) is True
 
 
+def test_a_corrupt_failure_strikes_a_tensor_in_proportion_to_its_bytes(tmp_path):
+    # a bad block lands anywhere in the file: parameters or optimizer state, the larger the likelier
+    from dsim.campaign.runner import damage, struck_tensor
+    from dsim.checkpoint.errors import CheckpointError
+    from dsim.checkpoint.format import Tensor, read_file, write_file
+    from dsim.parallel.layout import Slice
+    small, large = np.ones((2, 3)), np.ones((30, 30))  # 6 and 900 elements
+    path = tmp_path / "rank_0" / "n-1_1.h5"
+    write_file(path, {"rank": 0}, [Tensor("params", "w", (2, 3), Slice((0, 0), (2, 3)), small),
+                                   Tensor("optimizer", "moment1.v", (30, 30), Slice((0, 0), (30, 30)), large)], {})
+    draws = [struck_tensor(path, np.random.default_rng([7, i])) for i in range(300)]
+    assert set(draws) == {"params/w", "optimizer/moment1.v"} and draws.count("params/w") < 15
+    assert draws == [struck_tensor(path, np.random.default_rng([7, i])) for i in range(300)]  # the same draw
+    tensor, where = damage(path, "optimizer/moment1.v")
+    assert (tensor, where) == ("optimizer/moment1.v", Slice((0, 0), (30, 30)))
+    with pytest.raises(CheckpointError, match="checksum mismatch in .*n-1_1.h5: optimizer/moment1.v"):
+        read_file(path)
+
+
 def test_a_last_gasp_loses_nothing_and_an_in_job_repair_restarts_nothing():
     events = ([ev("train_begin", 0, global_step=0)] + steps(1, 6, 1) +
               [ev("fault", 6.5, rank=1, kind="kill", global_step=7, plan_index=0),

@@ -200,7 +200,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
                           f"{s.tag}-{name}-{len(jobs)}", end + TAIL - time.time() + GRACE)
                 jobs.append({"started": job.started, "resume": resume})
             code = job.poll()
-            _damage_fired(path, d, damaged)  # before any restart: the victim's disk fails with it
+            _damage_fired(path, d, damaged, s.seed)  # before any restart: the victim's disk fails with it
             if code is not None:
                 jobs[-1].update(ended=job.ended, code=code)
                 job = None
@@ -218,6 +218,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     fired = failure_process.fired(path)
     for r in recs:
         r["damaged_file"] = (damaged.get(r["index"]) or {}).get("file")
+        r["damaged_tensor"] = (damaged.get(r["index"]) or {}).get("tensor")
     return {"strategy": strategy.name, "save_every": save_every, "exact_required": strategy.exact,
             "start": start, "end": end, "settled": settled, "dir": str(d), "jobs": jobs, "fired": len(fired),
             "damaged_files": sorted(x["file"] for x in damaged.values() if x), "failures": recs, "events": events}
@@ -235,8 +236,18 @@ def _unrecovered(d: Path, end: float, now: float, jobs: list, damaged: dict) -> 
     return sum(not r["recovered"] for r in _failures(events, end, now, jobs, damaged))
 
 
-def _damage_fired(plan, d: Path, done: dict) -> None:
-    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint;
+def struck_tensor(path, rng) -> str:
+    """A tensor of the file at `path` ("params/..." or "optimizer/..."), drawn in proportion to its bytes:
+    where a bad block of the file lands."""
+    tensors = read_index(path).tensors
+    names = sorted(tensors)
+    size = np.array([math.prod(tensors[n][4]) * tensors[n][3].itemsize for n in names], dtype=np.float64)
+    return names[int(rng.choice(len(names), p=size / size.sum()))] if size.sum() else names[0]
+
+
+def _damage_fired(plan, d: Path, done: dict, seed: int = 0) -> None:
+    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint, in a
+    tensor drawn from the campaign's seed and the failure (struck_tensor: the same draw in every combination);
     done[index]: {file, checkpoint, replica: whether a resume can repair it}, or None (no file of the victim)."""
     for f in failure_process.fired(plan):
         if f.get("kind") == "corrupt" and f["index"] not in done:
@@ -244,8 +255,8 @@ def _damage_fired(plan, d: Path, done: dict) -> None:
             shard = next((x for x in c.shards if x.rank == f["rank"] and x.size), None) if c else None
             done[f["index"]] = None
             if shard is not None:
-                tensor, where = damage(shard.path)
-                done[f["index"]] = {"file": str(shard.path), "checkpoint": c.name,
+                tensor, where = damage(shard.path, struck_tensor(shard.path, np.random.default_rng([seed, f["index"]])))
+                done[f["index"]] = {"file": str(shard.path), "checkpoint": c.name, "tensor": tensor,
                                     "replica": has_replica(c.record, f["rank"], tensor, where)}
 
 
