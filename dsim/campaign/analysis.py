@@ -62,13 +62,13 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
     checkpoint name} for each `corrupt` failure that damaged a file no replica can repair: from it on, that
     checkpoint is not promised."""
     faults = [e for e in events if e["event"] == "fault" and e.get("plan_index") is not None and e["time"] <= end]
-    end = end if until is None else max(end, until)
+    until = end if until is None else max(end, until)
     struck = {f["plan_index"]: f["time"] for f in faults}
     out = []
     for f in faults:
         gone = {name for i, name in (broken or {}).items() if struck.get(i, math.inf) <= f["time"]}
         restart = min((t for t in restarts if t >= f["time"]), default=math.inf)
-        after = [e for e in events if e["time"] >= f["time"] and e["time"] <= end]
+        after = [e for e in events if e["time"] >= f["time"] and e["time"] <= until]
         meet, noticed = None, False
         for e in after:
             if (e["event"] in IN_JOB and e["time"] < restart
@@ -102,7 +102,7 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
             # which logs steps, may die inside the update of a step its replicas finished: the gasp saves that
             # step, or an elastic shrink goes on after it and the new rank 0 logs the steps that follow)
             done = next((e.get("noticed_at", e["time"]) for e in events if e["time"] > meet[2]["time"] - 1e-9
-                         and e.get("noticed_at", e["time"]) <= end
+                         and e.get("noticed_at", e["time"]) <= until
                          and e["event"] in ("step", "last_gasp_saved") and e["global_step"] > meet[1]), None)
             if done is not None:
                 rec["recovered"], rec["recovery_s"] = True, round(done - f["time"], 3)
@@ -141,12 +141,12 @@ def checkpoint_cost(events: list, end: float, save_every: int) -> dict:
                and e["time"] <= end]
     windows, i = [], 0  # for each saving step: the indices into `runs` of the steps the save ran beside
     while i < len(runs):
-        g, _, t = runs[i]
+        g, seconds, t = runs[i]
         if g % save_every:
             i += 1
             continue
         # its commit: the first of its step after the step began (a sync save commits inside it; none: killed)
-        done = next((c for s, c in commits if s == g and c > t - runs[i][1]), None)
+        done = next((c for s, c in commits if s == g and c > t - seconds), None)
         j = i
         while (done is not None and done > runs[j][2] and j + 1 < len(runs) and runs[j + 1][0] == runs[j][0] + 1
                and runs[j + 1][0] % save_every):
