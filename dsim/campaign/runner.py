@@ -84,13 +84,14 @@ def newest_committed(root) -> Optional[object]:
     return best
 
 
-def damage(path, tensor: str) -> tuple:
-    """Flip one byte in the middle of a tensor's data (e.g. "params/layer1.param", as struck_tensor draws it),
-    as a bad disk block would; returns the tensor and its slice: ("params/layer1.param", Slice)."""
+def damage(path, dataset=None) -> tuple:
+    """Flip one byte in the middle of a tensor's data (dataset, e.g. "params/layer1.param"; by default the file's
+    first parameter), as a bad disk block would; returns the tensor and its slice: ("params/layer1.param", Slice)."""
     import h5py
     with h5py.File(path, "r") as f:
-        ds = f[tensor]
+        ds = f[dataset] if dataset else f["params"][sorted(f["params"])[0]]
         offset = ds.id.get_offset() + ds.nbytes // 2
+        tensor = ds.name.lstrip("/")
     where = read_index(path).tensors[tensor][1]
     with open(path, "r+b") as fh:
         fh.seek(offset)
