@@ -16,11 +16,14 @@ a list of steps as long as it, each rank fires at its own step (rank: [0, 5], st
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt, at: forward | allreduce | update} fires once,
-on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
-at or after `time` (Unix seconds); `corrupt` kills here (the
-campaign damages the rank's file on disk). A fired entry is marked by a file created exclusively in
-<plan>.fired/, so a restarted job, a warm spare or a spawned replacement that takes the rank never fires it again.
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node, at: forward | allreduce | update} fires
+once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
+at or after `time` (Unix seconds); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
+(with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
+ranks 0..n-1 the first node) dies at that moment, the victim SIGKILLing the others, then itself. For that, each
+process records its pid as its rank's in <plan>.ranks/ when it loads the plan. A fired entry is marked by a
+file created exclusively in <plan>.fired/, so a restarted job, a warm spare or a spawned replacement that takes
+the rank never fires it again.
 """
 from __future__ import annotations
 
@@ -192,7 +195,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node")
 PLAN_POINTS = ("forward", "allreduce", "update")
 
 
@@ -212,6 +215,7 @@ class FaultPlan:
         Path(f"{path}.fired").mkdir(exist_ok=True)
         mine = [(i, f) for i, f in enumerate(faults)
                 if (f["rank"] % world_size if world_size else f["rank"]) == rank and not fired_marker(path, i).exists()]
+        register(path, rank, world_size)
         return cls(path, rank, sorted(mine, key=lambda x: x[1]["time"]), world_size)
 
     def strike(self, point: str, global_step: int, injector: "FaultInjector") -> None:
@@ -228,16 +232,75 @@ class FaultPlan:
                                               "rank": self.rank, "planned_rank": f["rank"]}):
                 return
             where = f"during the {point} of step {global_step} (fault plan entry {i})"
+            node = (node_of(self.rank, f["node_size"], self.world_size or self.rank + 1)
+                    if f["kind"] == "node" else None)
             event("fault", any_rank=True, kind=f["kind"], rank=self.rank, where=where, at=point,
-                  global_step=global_step, plan_index=i)
+                  global_step=global_step, plan_index=i, **({"ranks": node} if node else {}))
             if f["kind"] == "uce":
                 error = UCEError(self.rank, where, corrupt(injector.optimizer, self.rank))
                 say(f"dsim: fault: {error}")
                 if injector.in_place is not None and injector.in_place.repair(error, point):
                     return
                 raise error
+            if node:
+                say(f"dsim: fault: node failure: ranks {node[0]}-{node[-1]} die together {where}")
+                kill_registered(self.path, [r for r in node if r != self.rank], self.world_size)
             kill(f"dsim: fault: killing rank {self.rank} (SIGKILL) {where}"
                  + (" (its newest shard on disk is damaged too)" if f["kind"] == "corrupt" else ""))
+
+
+def node_of(rank: int, node_size: int, world_size: int) -> list[int]:
+    """The ranks of rank's node: node_size consecutive ranks (0..n-1 the first node) of the world_size training."""
+    first = rank // node_size * node_size
+    return list(range(first, min(first + node_size, world_size)))
+
+
+def registry(plan) -> Path:
+    """Where the processes of the plan's jobs record which rank each holds (<plan>.ranks/<rank>)."""
+    return Path(f"{plan}.ranks")
+
+
+def register(plan, rank: int, world_size) -> None:
+    """Record this process as `rank` of `world_size` training (its pid and start time, which tell it from a later
+    process given the same pid), atomically; a node failure reads it to kill the victim's node-mates."""
+    registry(plan).mkdir(exist_ok=True)
+    tmp = registry(plan) / f".{rank}.{os.getpid()}"
+    tmp.write_text(json.dumps({"pid": os.getpid(), "started": started(os.getpid()), "world_size": world_size}))
+    os.replace(tmp, registry(plan) / str(rank))
+
+
+def started(pid: int) -> Optional[int]:
+    """Process pid's start time (clock ticks after boot, /proc/PID/stat field 22); None when there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def kill_registered(plan, ranks: list, world_size, wait: float = 5.0) -> list[int]:
+    """SIGKILL the processes holding `ranks` of the world_size training (the registry); the ranks killed.
+    A registration of a process that has ended, or of another world (before an elastic shrink), is one the
+    rank's process has not replaced yet (a job starting, a rank renumbered): waited for, at most `wait` s."""
+    left, killed, until = set(ranks), [], time.time() + wait
+    while left and time.time() < until:
+        for r in sorted(left):
+            try:
+                reg = json.loads((registry(plan) / str(r)).read_text())
+            except (OSError, ValueError):
+                continue
+            if (reg.get("world_size") != world_size or reg["pid"] == os.getpid()
+                    or reg["started"] is None or started(reg["pid"]) != reg["started"]):
+                continue
+            try:
+                os.kill(reg["pid"], signal.SIGKILL)
+                killed.append(r)
+            except ProcessLookupError:
+                pass
+            left.discard(r)
+        if left:
+            time.sleep(0.05)
+    return killed
 
 
 def fired_marker(plan, index: int) -> Path:

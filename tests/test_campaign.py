@@ -68,6 +68,57 @@ def test_a_plan_entry_fires_once_across_processes(tmp_path):
     assert FaultPlan.load(path, 1).entries == [] and FaultPlan.load(path, 5, world_size=4).entries == []
 
 
+MATE = """
+import sys, time
+from dsim.faults import FaultPlan
+FaultPlan.load(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))  # registers this process as that rank
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_node_failure_kills_every_rank_of_the_victims_node_at_once(tmp_path):
+    path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(1.0, 5, "node", "forward")], start=0.0,
+                               node_size=4)
+    assert json.loads(path.read_text())["faults"][0]["node_size"] == 4
+    mates = {}
+    for rank in (4, 6, 7, 3):  # rank 3 is on the first node (ranks 0-3): it lives
+        mates[rank] = subprocess.Popen([sys.executable, "-c", MATE, str(path), str(rank), "8"],
+                                       stdout=subprocess.PIPE, text=True)
+    try:
+        assert all(p.stdout.readline().strip() == "up" for p in mates.values())
+        victim = subprocess.run([sys.executable, "-c", FIRE.replace("int(sys.argv[2]))", "int(sys.argv[2]), 8)"),
+                                 str(path), "5"], capture_output=True, text=True, timeout=60)
+        assert victim.returncode == -signal.SIGKILL
+        assert "node failure: ranks 4-7 die together during the forward of step 5" in victim.stdout
+        assert {r: p.wait(timeout=10) for r, p in mates.items() if r != 3} == {4: -9, 6: -9, 7: -9}
+        assert mates[3].poll() is None
+    finally:
+        for p in mates.values():
+            p.kill()
+            p.wait()
+
+
+def test_a_node_failure_kills_only_the_processes_registered_now(tmp_path):
+    from dsim.faults import kill_registered, node_of, register
+    path = plan_file(tmp_path, [])
+    assert node_of(5, 4, 8) == [4, 5, 6, 7] and node_of(5, 4, 6) == [4, 5] and node_of(2, 2, 8) == [2, 3]
+    old = subprocess.run([sys.executable, "-c", f"from dsim.faults import register; register({str(path)!r}, 1, 8)"],
+                         timeout=60)
+    assert old.returncode == 0  # rank 1's registration is of a process that ended (a job before a restart)
+    register(path, 2, 8)  # the caller itself
+    sleeper = subprocess.Popen([sys.executable, "-c", MATE, str(path), "3", "6"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout.readline().strip() == "up"
+        # rank 3 registered while 6 ranks trained: not rank 3 of 8 (an elastic shrink renumbered it)
+        assert kill_registered(path, [1, 2, 3], 8, wait=0.3) == []
+        assert sleeper.poll() is None
+        assert kill_registered(path, [3], 6, wait=0.3) == [3] and sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_the_campaign_claims_the_entries_not_fired_at_the_end_of_its_budget(tmp_path):
     path = plan_file(tmp_path, [(1.0, 3, "kill", "forward"), (2.0, 5, "kill", "forward")])
     fire = [sys.executable, "-c", FIRE, str(path), "3"]
@@ -359,6 +410,7 @@ def test_report_table():
     (["--strategy", "periodic,restart"], "--strategy: unknown strategy 'restart'"),
     (["--duration", "ten"], "--duration: 'ten' is not a duration"),
     (["--faults", "kill,meteor"], "--faults: unknown kind 'meteor'"),
+    (["--faults", "node", "--ranks", "6"], "--ranks-per-node 4 must divide --ranks 6"),
     (["--save-every", "10,x"], "--save-every: '10,x' is not a list"),
     (["--set", "model.hiden=[4]"], "config: unknown key 'model.hiden'"),
 ])

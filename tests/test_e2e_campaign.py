@@ -111,6 +111,28 @@ def test_campaign_report_matches_the_jobs_metrics(tmp_path):
     assert (out / "timeline.png").stat().st_size > 10_000
 
 
+def test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job(tmp_path):
+    # seed 3's plan: one node failure at 7.3 s, victim rank 0 (node 0-3, rank 0 among them) in the update
+    (planned,) = failures.draw(3, 30, 20, ["node"], 8)
+    assert (planned.rank, planned.kind) == (0, "node") and 6 <= planned.offset <= 9
+    out = tmp_path / "report"
+    proc = run_command([sys.executable, "-m", "dsim.campaign", *SMALL, "--mtbf", "30s", "--duration", "20s",
+                        "--faults", "node", "--ranks-per-node", "4", "--strategy", "arf", "--save-every", "10",
+                        "--seed", "3", "-o", str(out)], tmp_path, timeout=300, check=0)
+    doc = json.loads((out / "report.json").read_text())
+    (row,) = doc["combinations"]
+    (f,) = row["failures"]
+    assert doc["settings"]["ranks_per_node"] == 4 and f["ranks"] == [0, 1, 2, 3] and f["kind"] == "node"
+    log = (out / "arf-every10" / "jobs.log").read_text()
+    # the four died at once: one repair brought all four back, two warm spares and two spawned processes
+    assert "node failure: ranks 0-3 die together" in log
+    assert "heal: rank(s) 0, 1, 2, 3 died; repaired in the job" in log and "world size back to 8" in log
+    assert len(row["jobs"]) == 1 and row["restarts"] == 0, proc.stdout
+    assert (f["how"], f["steps_lost"], f["recovered"]) == ("in the job", 0, True)
+    assert row["losses"]["differ"] == 0 and row["final_state"]["equal"] is True
+    assert next(x for x in doc["table"] if x.startswith("arf ")).endswith("yes")
+
+
 def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
     out = tmp_path / "report"
     # on 4 ranks (--ranks: the launch scripts' RANK_SIZE; the jobs ran on 8 whatever it said)

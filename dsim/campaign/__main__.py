@@ -33,6 +33,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1, help="seed of the failure process (default 1)")
     p.add_argument("--ranks", type=int, default=8, help="training ranks (RANK_SIZE of the launch scripts; default 8)")
     p.add_argument("--spares", type=int, default=2, help="at most this many warm spares for arf (default 2)")
+    p.add_argument("--ranks-per-node", type=int, default=4,
+                   help="ranks a `node` failure kills together: ranks 0..N-1 are the first node (default 4)")
     p.add_argument("--rank-mtbf", default="1y", help="per-rank MTBF of the what-if at scale (default 1y)")
     p.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="a new (or empty) directory")
     return p.parse_args(argv)
@@ -59,6 +61,9 @@ def settings_from(args) -> tuple:
         raise ValueError(f"--save-every: intervals must be >= 1, got {args.save_every!r}")
     if args.ranks < 1 or args.spares < 0:
         raise ValueError("--ranks must be >= 1 and --spares >= 0")
+    if "node" in kinds and (args.ranks_per_node < 1 or args.ranks % args.ranks_per_node):
+        raise ValueError(f"--ranks-per-node {args.ranks_per_node} must divide --ranks {args.ranks} "
+                         "(the nodes a `node` failure kills are of one size)")
     chosen = strategies.parse(args.strategy)
     if args.config and not Path(args.config).is_file():
         raise ValueError(f"--config: file not found: {args.config}")
@@ -71,7 +76,7 @@ def settings_from(args) -> tuple:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
-                           args.ranks, args.spares), rank_mtbf
+                           args.ranks, args.spares, args.ranks_per_node), rank_mtbf
 
 
 def analyse(raw: dict, ref, ref_losses: dict) -> dict:
@@ -126,6 +131,7 @@ def main(argv=None) -> int:
     doc = {"format": "dsim-campaign/1", "command": ["python", "-m", "dsim.campaign", *(argv or sys.argv[1:])],
            "settings": {"mtbf_s": s.mtbf, "duration_s": s.duration, "faults": s.kinds, "seed": s.seed,
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
+                        "ranks_per_node": s.ranks_per_node,
                         "config": str(s.config_file), "overrides": s.overrides},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
     raws, rows, events_of, code = [], [], {}, 0

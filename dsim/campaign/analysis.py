@@ -1,7 +1,8 @@
 """A combination's figures, read from what its jobs left: metrics.jsonl (written by the jobs themselves),
 the fault plan's markers (which failures fired) and the checkpoints.
 
-Per failure (a `fault` event of the plan, written by the victim as it strikes inside step N):
+Per failure (a `fault` event of the plan, written by the victim as it strikes inside step N; a `node`
+failure's names every rank of the node, `ranks`):
 - how it was met: `heal` / `uce_repair` naming the rank, or the `recovered` event of the next finished
   step (in the job; when rank 0 itself is replaced, the repair's own event does not reach metrics.jsonl), or
   a restart (the `train_begin` of the next job); a failure is *seen* when one of them, or a
@@ -84,7 +85,8 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
             if e["event"] in ("last_gasp_saved", "last_gasp_lost") and f["rank"] in e.get("failed", []):
                 noticed = True  # the survivors saw it; the restart that follows says where training went on
         before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
-        rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "kind": f["kind"], "at": f.get("at"),
+        rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "ranks": f.get("ranks", [f["rank"]]),
+               "kind": f["kind"], "at": f.get("at"),
                "step": f["global_step"], "seen": meet is not None or noticed, "how": meet[0] if meet else None,
                "resumed_from": meet[1] if meet else None, "steps_lost": None, "predicted_lost": None,
                "recovery_s": None, "recovered": False}

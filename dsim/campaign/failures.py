@@ -30,7 +30,8 @@ def parse_duration(text: str) -> float:
 class Failure:
     offset: float  # seconds after the combination's start
     rank: int      # the victim (a training rank)
-    kind: str      # kill | uce | corrupt (a kill, and the victim's newest shard on disk damaged)
+    kind: str      # kill | uce | corrupt (a kill, and the victim's newest shard on disk damaged) | node (every
+                   # rank of the victim's node killed at once)
     at: str        # the point of the step it strikes: forward | allreduce | update
 
 
@@ -46,10 +47,12 @@ def draw(seed: int, mtbf: float, duration: float, kinds, ranks: int) -> list[Fai
                            PLAN_POINTS[rng.integers(len(PLAN_POINTS))]))
 
 
-def write_plan(path, failures: list, start: float) -> Path:
-    """The fault plan of one combination started at `start` (Unix seconds), for $DSIM_FAULT_PLAN."""
+def write_plan(path, failures: list, start: float, node_size: int = 1) -> Path:
+    """The fault plan of one combination started at `start` (Unix seconds), for $DSIM_FAULT_PLAN; a `node`
+    failure kills the victim's node of `node_size` ranks."""
     path = Path(path)
-    faults = [{"time": start + f.offset, "rank": f.rank, "kind": f.kind, "at": f.at} for f in failures]
+    faults = [{"time": start + f.offset, "rank": f.rank, "kind": f.kind, "at": f.at,
+               **({"node_size": node_size} if f.kind == "node" else {})} for f in failures]
     path.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": faults}, indent=1))
     Path(f"{path}.fired").mkdir(exist_ok=True)
     return path

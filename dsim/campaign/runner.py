@@ -57,6 +57,7 @@ class Settings:
     seed: int
     ranks: int = 8
     max_spares: int = 2
+    ranks_per_node: int = 4  # the ranks a `node` failure kills together
     tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
     @property
@@ -174,10 +175,11 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     d.mkdir(parents=True)
     extra = ["fault.kind=plan", *strategy.settings]
     if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
-        extra.append(f"tft.spares={min(s.max_spares, sum(f.kind != 'uce' for f in plan))}")
+        dead = sum(s.ranks_per_node if f.kind == "node" else f.kind != "uce" for f in plan)
+        extra.append(f"tft.spares={min(s.max_spares, dead)}")
     start = time.time()
     end = start + s.duration
-    path = failure_process.write_plan(d / "plan.json", plan, start)
+    path = failure_process.write_plan(d / "plan.json", plan, start, s.ranks_per_node)
     say(f"campaign: {name}: {strategy.summary}; {len(plan)} failure(s) planned in {s.duration:.0f} s")
     jobs, damaged, job, closed, checked = [], {}, None, None, 0.0
     try:
