@@ -426,3 +426,17 @@ def test_a_report_dir_in_use_is_refused(tmp_path, capsys):
     assert main(["-o", str(tmp_path)]) == 2
     assert "exists and is not an empty directory" in capsys.readouterr().err
     assert (tmp_path / "report.json").read_text() == "{}"
+
+
+def test_the_report_says_which_nodes_hold_every_copy_of_some_slices():
+    from dsim.campaign.__main__ import node_loss
+    begin = [{"event": "train_begin", "time": 0.0,
+              "layout": {"data_parallel": 2, "model_parallel": 2, "optimizer_shard": 1, "pipeline_stage": 2}}]
+    lines = report.node_lines(node_loss(begin, 4), 4)
+    assert "neither the last gasp nor the repair in the job has a replica" in lines[0]
+    assert lines[1:] == ["  node 0 (ranks 0-3): the slices of rank(s) 0, 1, 2, 3",
+                         "  node 1 (ranks 4-7): the slices of rank(s) 4, 5, 6, 7"]
+    assert report.node_lines(node_loss(begin, 2), 2) == [
+        "a lost node (2 ranks): every slice it holds has a copy on another node, for the last gasp and the repair "
+        "in the job"]
+    assert node_loss([], 4) == [] and report.node_lines([], 4) == []
