@@ -1,6 +1,8 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill | uce, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce | hang, rank: R, step: N, epoch: E, at: POINT}`
+- kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
+  collective (until tft.hang_timeout's watch kills it: dsim.ft.hang);
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
   become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
@@ -16,7 +18,7 @@ a list of steps as long as it, each rank fires at its own step (rank: [0, 5], st
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt | node, at: forward | allreduce | update} fires
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
 at or after `time` (Unix seconds); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
 (with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
@@ -146,6 +148,9 @@ class FaultInjector(Callback):
               at=self.at, global_step=global_step)
         if self.kind == "kill":
             kill(f"dsim: fault: killing rank {self.my_rank} (SIGKILL) {where}")
+        if self.kind == "hang":
+            freeze(f"dsim: fault: rank {self.my_rank} stops (SIGSTOP) {where}")
+            return  # continued (SIGCONT): the step goes on
         if self.kind == "uce":
             error = UCEError(self.my_rank, where, corrupt(self.optimizer, self.my_rank))
             say(f"dsim: fault: {error}")
@@ -159,6 +164,13 @@ def kill(message: str) -> None:
     """Say why and SIGKILL this process (no clean-up, as a real crash)."""
     say(message)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def freeze(message: str) -> None:
+    """Say why and SIGSTOP this process: every thread stops, nothing fails; a hang, until something kills it
+    (tft.hang_timeout: dsim.ft.hang)."""
+    say(message)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def during_last_gasp(rank: int, global_step: int) -> None:
@@ -195,7 +207,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt", "node")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang")
 PLAN_POINTS = ("forward", "allreduce", "update")
 
 
@@ -242,6 +254,9 @@ class FaultPlan:
                 if injector.in_place is not None and injector.in_place.repair(error, point):
                     return
                 raise error
+            if f["kind"] == "hang":
+                freeze(f"dsim: fault: rank {self.rank} stops (SIGSTOP) {where}")
+                return
             if node:
                 say(f"dsim: fault: node failure: ranks {node[0]}-{node[-1]} die together {where}")
                 kill_registered(self.path, [r for r in node if r != self.rank], self.world_size)

@@ -37,6 +37,9 @@ def parse_args(argv=None):
     p.add_argument("--spares", type=int, default=2, help="at most this many warm spares for arf (default 2)")
     p.add_argument("--ranks-per-node", type=int, default=4,
                    help="ranks a `node` failure kills together: ranks 0..N-1 are the first node (default 4)")
+    p.add_argument("--hang-timeout", default="10s",
+                   help="with hang failures: tft.hang_timeout of every job, how long a step may go on before a "
+                        "frozen rank is killed (default 10s)")
     p.add_argument("--rank-mtbf", default="1y", help="per-rank MTBF of the what-if at scale (default 1y)")
     p.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="a new (or empty) directory")
     return p.parse_args(argv)
@@ -51,6 +54,7 @@ def settings_from(args) -> tuple:
             raise ValueError(f"{opt}: {e}") from None
     mtbf, duration, rank_mtbf = (durations("--mtbf", args.mtbf), durations("--duration", args.duration),
                                  durations("--rank-mtbf", args.rank_mtbf))
+    hang_timeout = durations("--hang-timeout", args.hang_timeout)
     kinds = [k.strip() for k in args.faults.split(",")]
     bad = [k for k in kinds if k not in PLAN_KINDS]
     if bad or not kinds:
@@ -78,7 +82,8 @@ def settings_from(args) -> tuple:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
-                           args.ranks, args.spares, args.ranks_per_node), rank_mtbf
+                           args.ranks, args.spares, args.ranks_per_node,
+                           hang_timeout if "hang" in kinds else None), rank_mtbf
 
 
 def analyse(raw: dict, ref, ref_losses: dict) -> dict:
@@ -144,7 +149,7 @@ def main(argv=None) -> int:
     doc = {"format": "dsim-campaign/1", "command": ["python", "-m", "dsim.campaign", *(argv or sys.argv[1:])],
            "settings": {"mtbf_s": s.mtbf, "duration_s": s.duration, "faults": s.kinds, "seed": s.seed,
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
-                        "ranks_per_node": s.ranks_per_node,
+                        "ranks_per_node": s.ranks_per_node, "hang_timeout_s": s.hang_timeout,
                         "config": str(s.config_file), "overrides": s.overrides},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
     raws, rows, events_of, code = [], [], {}, 0

@@ -58,6 +58,7 @@ class Settings:
     ranks: int = 8
     max_spares: int = 2
     ranks_per_node: int = 4  # the ranks a `node` failure kills together
+    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang` failures)
     tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
     @property
@@ -174,8 +175,10 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     d = s.out / name
     d.mkdir(parents=True)
     extra = ["fault.kind=plan", *strategy.settings]
+    if s.hang_timeout:  # a frozen rank is found and killed, then met as a dead one
+        extra.append(f"tft.hang_timeout={s.hang_timeout:g}")
     if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
-        dead = sum(s.ranks_per_node if f.kind == "node" else f.kind != "uce" for f in plan)
+        dead = sum(s.ranks_per_node if f.kind == "node" else f.kind != "uce" for f in plan)  # (a hang: killed)
         extra.append(f"tft.spares={min(s.max_spares, dead)}")
     start = time.time()
     end = start + s.duration

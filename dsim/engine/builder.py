@@ -84,6 +84,9 @@ class Run:
         if cfg.fault.kind:
             f = cfg.fault
             cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill))
+        if cfg.tft.hang_timeout:
+            from ..ft.hang import HangWatch
+            cbs.append(HangWatch(cfg.tft.hang_timeout, out.dir))
         evaluate = [EvalMonitor(self.eval_dataset)] if self.eval_dataset is not None else []
         return cbs + [LossMonitor(out.loss_every), TimeMonitor(), *evaluate, ProgressBar(out.progress_bar),
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]

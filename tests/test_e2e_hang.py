@@ -1,0 +1,59 @@
+"""A frozen rank end to end (`fault.kind: hang`: the rank SIGSTOPs itself): without `tft.hang_timeout` MPI would
+wait for it forever; with it the hang watch kills it, and what follows is what follows a death: the last gasp
+and a resume bit-identical to an uninterrupted run, or the repair in the job by a warm spare.
+Every mpirun has a timeout (conftest.run_command kills the whole group, a stopped process too)."""
+import re
+
+import pytest
+
+from conftest import ROOT, launch, mpirun
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
+
+pytestmark = pytest.mark.e2e
+TIMEOUT = 3
+WATCH = ["--set", f"tft.hang_timeout={TIMEOUT}"]
+
+
+def frozen_then_killed(job, rank, step):
+    """The fault event of the frozen rank and the watch's hang event: the one after the timeout."""
+    froze, = events(job, "fault")
+    hang, = events(job, "hang")
+    assert (froze["kind"], froze["rank"], froze["global_step"]) == ("hang", rank, step)
+    assert (hang["rank"], hang["global_step"], hang["timeout"]) == (rank, step, TIMEOUT)
+    assert TIMEOUT <= hang["time"] - froze["time"] < TIMEOUT + 10, (froze, hang)
+    return hang
+
+
+def test_a_frozen_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_identical(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", *WATCH]
+    crash = mpirun(8, [*opts, *fault("hang", 3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1, crash.stderr
+    assert "dsim: fault: rank 3 stops (SIGSTOP) during the forward of step 13" in crash.stdout
+    assert re.search(r"dsim: hang watch: rank 3 \(pid \d+\) has not run for \d+\.\d s \(step 13, timeout 3 s\): "
+                     r"killed \(SIGKILL\), as a failed rank", crash.stdout), crash.stdout
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+    frozen_then_killed(tmp_path, 3, 13)
+    gasp, = events(tmp_path, "last_gasp_saved")
+    assert gasp["failed"] == [3] and gasp["global_step"] == 12
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[12:]  # steps 13..20, bit for bit
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_frozen_rank_is_killed_and_a_warm_spare_takes_its_place(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
+    args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",
+            *LAYOUTS["dp4xmp2k2"], "--set", "tft.spares=1", *WATCH, *fault("hang", 3, "update", 13)]
+    proc = launch("run_parallel_save_ckpt.sh", args, cwd=tmp_path, timeout=150, check=0)
+    out = proc.stdout
+    assert ("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7 (group info [3, 7]); world size "
+            "back to 8 (rank(s) 3 taken by a warm spare, 0 left)") in out, out
+    hang = frozen_then_killed(tmp_path, 3, 13)
+    heal, = events(tmp_path, "heal")
+    assert heal["failed"] == [3] and heal["time"] > hang["time"]
+    assert LOSS.findall(out) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")

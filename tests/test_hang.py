@@ -1,0 +1,107 @@
+"""The hang watch (dsim.ft.hang) on real processes: a frozen one (SIGSTOP) is found by its stopped heartbeat
+and killed; a running one, a dead one and one of another world are not."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dsim.config import ConfigError, load_config
+from dsim.faults import started
+from dsim.ft.hang import HangWatch, find_frozen, forget_the_dead, heartbeats
+
+BEATING = """
+import sys, time
+from types import SimpleNamespace
+from dsim.ft.hang import HangWatch
+watch = HangWatch(600, sys.argv[1])
+watch.begin(SimpleNamespace(original_args=lambda: SimpleNamespace(rank=int(sys.argv[2]), world_size=int(sys.argv[3]))))
+print("up", flush=True)
+time.sleep(120)
+"""
+
+
+def context(rank, world_size, step=0):
+    return SimpleNamespace(original_args=lambda: SimpleNamespace(rank=rank, world_size=world_size, cur_step_num=step))
+
+
+def start(tmp_path, rank, world_size):
+    p = subprocess.Popen([sys.executable, "-c", BEATING, str(tmp_path), str(rank), str(world_size)],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "up"
+    return p
+
+
+def test_a_frozen_rank_is_killed_and_no_other(tmp_path, capfd):
+    procs = {}
+    try:
+        procs = {"running": start(tmp_path, 1, 4), "frozen": start(tmp_path, 2, 4), "other world": start(tmp_path, 2, 8),
+                 "dead": start(tmp_path, 3, 4)}
+        frozen_since = started(procs["frozen"].pid)
+        procs["dead"].kill()
+        procs["dead"].wait()
+        os.kill(procs["frozen"].pid, signal.SIGSTOP)
+        os.kill(procs["other world"].pid, signal.SIGSTOP)  # a process of the world before an elastic shrink
+        watch = HangWatch(1.0, tmp_path)
+        watch.begin(context(0, 4))
+        watch.step_begin(context(0, 4, step=6))  # step 7 begins, and stalls
+        try:
+            assert procs["frozen"].wait(timeout=10) == -signal.SIGKILL
+        finally:
+            watch.end(context(0, 4))
+        out = capfd.readouterr().out
+        assert f"hang watch: rank 2 (pid {procs['frozen'].pid}) has not run for" in out and "step 7" in out
+        assert procs["running"].poll() is None and procs["other world"].poll() is None
+        assert not (tmp_path / "heartbeats" / str(os.getpid())).exists()  # the watch's own, removed at its end
+        assert [p.name for p in (tmp_path / "heartbeats").glob("killed-*")] == [
+            f"killed-{procs['frozen'].pid}-{frozen_since}"]  # claimed by the one watch that killed it
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_a_stall_with_every_rank_running_is_only_reported(tmp_path, capfd):
+    other = start(tmp_path, 1, 2)
+    try:
+        watch = HangWatch(0.6, tmp_path)
+        watch.begin(context(0, 2))
+        watch.step_begin(context(0, 2, step=2))
+        time.sleep(2.0)
+        watch.step_end(context(0, 2, step=3))
+        watch.end(context(0, 2))
+        out = capfd.readouterr().out
+        # once a step, not every heartbeat
+        assert out.count("dsim: hang watch: rank 0: step 3 has gone on for") == 1 and "waiting" in out
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_heartbeats_of_ended_processes_are_forgotten(tmp_path):
+    live = start(tmp_path, 1, 2)
+    gone = start(tmp_path, 0, 2)
+    try:
+        gone.kill()
+        gone.wait()
+        beats = tmp_path / "heartbeats"
+        assert {r["pid"] for r in heartbeats(beats)} == {live.pid, gone.pid}
+        (beats / f"killed-{gone.pid}-1").touch()
+        assert find_frozen(beats, 2, time.time() + 3600, 1.0) == [r for r in heartbeats(beats) if r["pid"] == live.pid]
+        forget_the_dead(beats)
+        assert sorted(p.name for p in beats.iterdir()) == [str(live.pid)]
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.mark.parametrize("value, message", [("0", "must be a number of seconds > 0"), ("-5", "must be a number of seconds > 0 \\(or null: off\\), got -5.0"),
+                                            ("true", "must be float"), ("soon", "must be float, got str 'soon'")])
+def test_a_hang_timeout_is_seconds(value, message):
+    with pytest.raises(ConfigError, match=f"config: tft.hang_timeout {message}"):
+        load_config(None, [f"tft.hang_timeout={value}"])
+    assert load_config(None, ["tft.hang_timeout=2.5"]).tft.hang_timeout == 2.5
