@@ -32,6 +32,7 @@ def test_a_frozen_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_ident
     assert "dsim: fault: rank 3 stops (SIGSTOP) during the forward of step 13" in crash.stdout
     assert re.search(r"dsim: hang watch: rank 3 \(pid \d+\) has not run for \d+\.\d s \(step 13, timeout 3 s\): "
                      r"killed \(SIGKILL\), as a failed rank", crash.stdout), crash.stdout
+    assert "every rank's process is running" not in crash.stdout  # the other watches saw it killed
     errors = error_lines(crash)
     assert len(errors) == 1 and errors[0].startswith(
         "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr

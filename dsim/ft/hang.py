@@ -98,6 +98,8 @@ class HangWatch(Callback):
     def _judge(self, now: float) -> None:
         """This rank's step has gone on past the timeout: kill the frozen processes of its world, if any."""
         frozen = find_frozen(self.dir, self.world_size, now, self.timeout)
+        if not frozen and killed_since(self.dir, self.since):
+            return  # another rank's watch found the frozen one first: its death is on its way here
         if not frozen:
             say(f"dsim: hang watch: rank {self.rank}: step {self.step} has gone on for {now - self.since:.0f} s; "
                 "every rank's process is running (slow, or stuck but alive): waiting")
@@ -142,6 +144,17 @@ def claim(directory, record: dict) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def killed_since(directory, since: float) -> bool:
+    """Whether a watch killed a frozen process at or after `since` (its claim's time)."""
+    for path in Path(directory).glob("killed-*"):
+        try:
+            if path.stat().st_mtime >= since - 1:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def forget_the_dead(directory) -> None:
