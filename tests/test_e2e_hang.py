@@ -19,7 +19,8 @@ def frozen_then_killed(job, rank, step):
     froze, = events(job, "fault")
     hang, = events(job, "hang")
     assert (froze["kind"], froze["rank"], froze["global_step"]) == ("hang", rank, step)
-    assert (hang["rank"], hang["global_step"], hang["timeout"]) == (rank, step, TIMEOUT)
+    # the step of the watch that killed it: frozen inside an update, the others may have finished that step
+    assert (hang["rank"], hang["timeout"]) == (rank, TIMEOUT) and hang["global_step"] in (step, step + 1)
     assert TIMEOUT <= hang["time"] - froze["time"] < TIMEOUT + 10, (froze, hang)
     return hang
 
