@@ -5,6 +5,7 @@
     $ python -m dsim.inspect runs/default --json              # the same, for scripts
     $ python -m dsim.inspect --survivability runs/default     # which rank failures leave a full copy
     $ python -m dsim.inspect --survivability --layout dp=2,mp=4,k=1
+    $ python -m dsim.inspect --survivability --layout pp=2,dp=2,mp=2 --ranks-per-node 4   # a lost node
     $ python -m dsim.inspect --merge runs/default/checkpoints/network-6_10 -o full.h5
 
 DIR is a checkpoint directory (commit records `<name>.commit` beside `rank_<r>/` shard directories) or
@@ -47,6 +48,9 @@ def parse_args(argv=None):
     parser.add_argument("--survivability", action="store_true",
                         help="which simultaneous rank failures leave a complete copy of the state")
     parser.add_argument("--layout", metavar="dp=D,mp=M,k=K", help="with --survivability: a layout instead of DIR")
+    parser.add_argument("--ranks-per-node", type=int, metavar="N",
+                        help="with --survivability: whether losing a whole node of N consecutive ranks leaves a "
+                             "complete copy (ranks 0..N-1 the first node)")
     parser.add_argument("--merge", metavar="CKPT", help="write whole tensors of CKPT as HDF5 virtual datasets")
     parser.add_argument("-o", "--output", metavar="FILE", help="with --merge: the merged file to write")
     return parser.parse_args(argv)
@@ -59,8 +63,10 @@ def main(argv=None) -> int:
             if args.dir or not args.output:
                 raise UsageError("--merge CKPT takes -o FILE and no DIR")
             return do_merge(args)
-        if args.output or args.layout and not args.survivability:
-            raise UsageError("-o goes with --merge, --layout with --survivability")
+        if args.output or (args.layout or args.ranks_per_node) and not args.survivability:
+            raise UsageError("-o goes with --merge, --layout and --ranks-per-node with --survivability")
+        if args.ranks_per_node is not None and args.ranks_per_node < 1:
+            raise UsageError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
         if args.survivability:
             return do_survivability(args)
         if not args.dir:
@@ -319,6 +325,8 @@ def do_survivability(args) -> int:
         s = survivability(list(sets) + [h for holders in tensors.values() for h in holders], world_size=n)
         out.append({"source": title, "replica_sets": sets, **s.to_dict(), "description": s.lines(),
                     "tensor_holders": tensors})
+        if args.ranks_per_node:
+            out[-1].update(ranks_per_node=args.ranks_per_node, nodes=s.nodes(args.ranks_per_node))
         if not args.json:
             print(f"{title}: {s.world_size} ranks, replica sets (group info) {_sets(sets)}")
             print("  simultaneous failures that leave a complete copy of the state:")
@@ -326,6 +334,10 @@ def do_survivability(args) -> int:
                 print(f"    {line}")
             print(f"  largest failure count always survivable: {s.always} (at best {s.at_best}: "
                   f"when one rank of every replica set is spared)")
+            if args.ranks_per_node:
+                print(f"  a lost node ({args.ranks_per_node} consecutive ranks, every one failing at once):")
+                for line in s.node_lines(args.ranks_per_node):
+                    print(f"    {line}")
             if tensors:
                 print("  holders per tensor (a slice is lost only when every rank holding it fails):")
                 for line in holder_lines(tensors):

@@ -432,11 +432,5 @@ def test_the_report_says_which_nodes_hold_every_copy_of_some_slices():
     from dsim.campaign.__main__ import node_loss
     begin = [{"event": "train_begin", "time": 0.0,
               "layout": {"data_parallel": 2, "model_parallel": 2, "optimizer_shard": 1, "pipeline_stage": 2}}]
-    lines = report.node_lines(node_loss(begin, 4), 4)
-    assert "neither the last gasp nor the repair in the job has a replica" in lines[0]
-    assert lines[1:] == ["  node 0 (ranks 0-3): the slices of rank(s) 0, 1, 2, 3",
-                         "  node 1 (ranks 4-7): the slices of rank(s) 4, 5, 6, 7"]
-    assert report.node_lines(node_loss(begin, 2), 2) == [
-        "a lost node (2 ranks): every slice it holds has a copy on another node, for the last gasp and the repair "
-        "in the job"]
-    assert node_loss([], 4) == [] and report.node_lines([], 4) == []
+    assert [x["fatal_sets"] for x in node_loss(begin, 4).nodes(4)] == [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
+    assert node_loss([], 4) is None

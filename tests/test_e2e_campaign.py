@@ -132,9 +132,8 @@ def test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job(
     assert row["losses"]["differ"] == 0 and row["final_state"]["equal"] is True
     assert next(x for x in doc["table"] if x.startswith("arf ")).endswith("yes")
     # dp2 x mp4 on nodes of 4: each node one whole model replica, so a lost node's slices all have a copy elsewhere
-    assert doc["node_loss"] == [{"node": [0, 1, 2, 3], "held_only_here": []},
-                                {"node": [4, 5, 6, 7], "held_only_here": []}]
-    assert "a lost node (4 ranks): every slice it holds has a copy on another node" in proc.stdout
+    assert doc["node_loss"] == [{"node": [0, 3], "fatal_sets": []}, {"node": [4, 7], "fatal_sets": []}]
+    assert "  any one of the 2 nodes: survivable (every replica set keeps a rank on another node)" in proc.stdout
 
 
 def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from dsim.checkpoint import CheckpointConfig, CheckpointError, group_info, replica_sets, restore_group_info_list
 from dsim.checkpoint import commit as cm
 from dsim.checkpoint.format import Tensor, read_file, write_file
-from dsim.checkpoint.group_info import held_only_by, write_group_info
+from dsim.checkpoint.group_info import write_group_info
 from dsim.parallel.layout import ParallelLayout, Slice
 
 
@@ -204,14 +204,3 @@ def test_epoch_and_step_of_a_state_names_its_checkpoint():
     from dsim.checkpoint.saver import epoch_and_step
     assert [epoch_and_step(s, 20) for s in (0, 1, 20, 21, 40)] == [(1, 0), (1, 1), (1, 20), (2, 1), (2, 20)]
 
-
-@pytest.mark.parametrize("layout, node, alone", [
-    (ParallelLayout(2, 4), [0, 1, 2, 3], []),               # a whole model replica on the node, the other elsewhere
-    (ParallelLayout(4, 2), [0, 1, 2, 3], []),               # dp replicas 0, 1 here, 2, 3 on the next node
-    (ParallelLayout(2, 2, pipeline_stage=2), [4, 5, 6, 7], [4, 5, 6, 7]),   # stage 1 lives on the node alone
-    (ParallelLayout(2, 4, optimizer_shard=2), [4, 5], [4, 5]),               # k = dp: no replica anywhere
-    (ParallelLayout(4, 2, optimizer_shard=2), [0, 1, 2, 3], []),  # dp 0 and 2 hold shard 0: ranks 0 and 4
-    (ParallelLayout(2, 4), list(range(8)), list(range(8))),         # one node for the whole job
-])
-def test_the_ranks_a_lost_node_takes_every_copy_of(layout, node, alone):
-    assert held_only_by(layout, node) == alone

@@ -149,6 +149,8 @@ def test_bad_paths_and_foreign_files_are_one_line(tmp_path, capsys):
                           ([str(tmp_path)], "no checkpoint directory"),
                           (["--survivability", "--layout", "dp=2,tp=3"], "expected items like dp=2,mp=4,k=1"),
                           (["--survivability", "--layout", "dp=4,k=3"], "must divide"),
+                          (["--survivability", "--layout", "dp=4", "--ranks-per-node", "0"], "must be >= 1"),
+                          (["--layout", "dp=4", "--ranks-per-node", "2"], "--ranks-per-node with --survivability"),
                           (["--merge", str(tmp_path / "x-1_1"), "-o", str(tmp_path / "m.h5")], "no committed"),
                           ([], "give a checkpoint directory")]:
         code, out, err = run_inspect(capsys, *argv)
@@ -213,6 +215,14 @@ def test_survivability_cli(tmp_path, capsys):
     code, out, _ = run_inspect(capsys, "--survivability", str(tmp_path), "--json")
     doc = json.loads(out)
     assert code == 0 and doc["fatal_sets"] == [[0, 2], [1, 3]] and doc["always_survivable"] == 1
+    # a lost node: every rank on it fails at once; a pipeline stage per node leaves no copy of its slices
+    code, out, _ = run_inspect(capsys, "--survivability", "--layout", "pp=2,dp=2,mp=2", "--ranks-per-node", "4")
+    assert code == 0 and out.splitlines()[-3:] == [
+        "  a lost node (4 consecutive ranks, every one failing at once):",
+        "    node 0 (ranks 0-3): fatal (every rank of {0,2}, {1,3} is on it)",
+        "    node 1 (ranks 4-7): fatal (every rank of {4,6}, {5,7} is on it)"]
+    code, out, _ = run_inspect(capsys, "--survivability", str(tmp_path), "--ranks-per-node", "2", "--json")
+    assert json.loads(out)["nodes"] == [{"node": [0, 1], "fatal_sets": []}, {"node": [2, 3], "fatal_sets": []}]
 
 
 # -- plot ---------------------------------------------------------------------------------------------------

@@ -94,3 +94,28 @@ def test_parse_layout():
         parse_layout("dp=2,tp=4")
     with pytest.raises(LayoutError):
         parse_layout("dp=4,k=3")
+
+
+@pytest.mark.parametrize("layout, node_size, fatal", [
+    (ParallelLayout(2, 4), 4, [[], []]),                      # a whole model replica a node, the other elsewhere
+    (ParallelLayout(4, 2), 4, [[], []]),                      # dp replicas 0, 1 here, 2, 3 on the next node
+    (ParallelLayout(2, 2, pipeline_stage=2), 4, [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]),  # a stage a node
+    (ParallelLayout(2, 4, optimizer_shard=2), 2, [[[0], [1]], [[2], [3]], [[4], [5]], [[6], [7]]]),  # k = dp
+    (ParallelLayout(4, 2, optimizer_shard=2), 4, [[], []]),  # dp 0 and 2 hold shard 0: ranks 0 and 4
+    (ParallelLayout(2, 4), 8, [[[0, 4], [1, 5], [2, 6], [3, 7]]]),  # one node for the whole job
+    (ParallelLayout(3, 1), 2, [[], []]),                      # the last node is smaller: ranks 2 alone
+])
+def test_a_lost_node_is_fatal_when_a_replica_set_lies_wholly_on_it(layout, node_size, fatal):
+    nodes = survivability(layout).nodes(node_size)
+    assert [x["fatal_sets"] for x in nodes] == fatal
+    assert all(survivability(layout).survives(range(a, b + 1)) == (not f) for (a, b), f in
+               ((x["node"], x["fatal_sets"]) for x in nodes))
+
+
+def test_node_lines():
+    assert survivability(ParallelLayout(2, 4)).node_lines(4) == [
+        "any one of the 2 nodes: survivable (every replica set keeps a rank on another node)"]
+    lines = survivability(ParallelLayout(64, 1, optimizer_shard=64)).node_lines(8, show=2)
+    assert lines == ["node 0 (ranks 0-7): fatal (every rank of {0}, {1} and 6 more is on it)",
+                     "node 1 (ranks 8-15): fatal (every rank of {8}, {9} and 6 more is on it)",
+                     "and 6 more of the 8 nodes"]

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..checkpoint.group_info import held_only_by
+from ..checkpoint.survivability import survivability
 from ..config import ConfigError, load_config
 from ..parallel.layout import ParallelLayout
 from . import analysis, failures, jobs, report, runner, scale, strategies
@@ -123,15 +123,11 @@ def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
             "costs": costs, "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice)}
 
 
-def node_loss(events: list, node_size: int) -> list[dict]:
-    """For each node of the measured job's layout: the ranks whose slices it holds every copy of (group info)."""
+def node_loss(events: list, node_size: int):
+    """The survivability of the measured job's layout (its replica sets), for the nodes a `node` failure loses;
+    None when the fault-free run logged no layout."""
     begin = next((e for e in events if e["event"] == "train_begin" and e.get("layout")), None)
-    if begin is None:
-        return []
-    layout = ParallelLayout(**begin["layout"])
-    nodes = [list(range(first, min(first + node_size, layout.world_size)))
-             for first in range(0, layout.world_size, node_size)]
-    return [{"node": node, "held_only_here": held_only_by(layout, node)} for node in nodes]
+    return survivability(ParallelLayout(**begin["layout"])) if begin else None
 
 
 def main(argv=None) -> int:
@@ -203,9 +199,11 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
         lines += ["", f"what-if at scale (no MPI; per-rank MTBF {args_time(rank_mtbf)}, first-order model from the "
                       "costs above): expected goodput and periodic interval"]
         lines += report.scale_lines(doc["what_if"]["rows"], args_time(rank_mtbf))
-        if "node" in s.kinds:
-            doc["node_loss"] = node_loss(events_of.get(ref["dir"], []), s.ranks_per_node)
-            lines += ["", *report.node_lines(doc["node_loss"], s.ranks_per_node)]
+        survival = node_loss(events_of.get(ref["dir"], []), s.ranks_per_node) if "node" in s.kinds else None
+        if survival is not None:
+            doc["node_loss"] = survival.nodes(s.ranks_per_node)
+            lines += ["", f"a lost node ({s.ranks_per_node} ranks; the last gasp and the repair in the job need a "
+                          "rank of every replica set left):", *(f"  {x}" for x in survival.node_lines(s.ranks_per_node))]
         steps = {r["final_state"].get("global_step") for r in rows[1:]}
         ref["pruned_checkpoints"] = ref.get("pruned_while_running", 0) + runner.prune_reference(ref, steps)
     png = report.timeline(s.out, rows, events_of) if rows else None

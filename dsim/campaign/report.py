@@ -83,24 +83,6 @@ def scale_lines(rows: list, rank_mtbf_text: str) -> list[str]:
     return out
 
 
-def node_lines(losses: list, node_size: int) -> list[str]:
-    """Whether a lost node leaves a copy of every slice elsewhere (what the last gasp and the repair in the job
-    need), node by node."""
-    alone = [x for x in losses if x["held_only_here"]]
-    if not losses:
-        return []
-    if not alone:
-        return [f"a lost node ({node_size} ranks): every slice it holds has a copy on another node, for the last "
-                "gasp and the repair in the job"]
-    out = [f"a lost node ({node_size} ranks): these hold every copy of some slices; losing one, neither the last gasp "
-           "nor the repair in the job has a replica to take them from, and the job restarts from the periodic checkpoint:"]
-    for x in alone:
-        first, last = x["node"][0], x["node"][-1]
-        out.append(f"  node {first // node_size} (ranks {first}-{last}): the slices of rank(s) "
-                   + ", ".join(map(str, x["held_only_here"])))
-    return out
-
-
 def _interval(s: float) -> str:
     return "never" if s > 1e8 else _seconds(s)
 

@@ -8,8 +8,7 @@ S = dp x mp the ranks of a pipeline stage (without stages: `range(shard * mp + m
 (progression.py): in every checkpoint file's `group_info` attribute and in `rank_<r>/group_info.json`, so
 neither grows with the world size. `restore_group_info_list` still returns MindSpore's full list of ranks,
 expanded from it; group info written before (format `dsim-group-info/1`, a list of ranks) still reads.
-`replica_ranges` gives every replica set once in O(p x mp x k); `replica_sets` lists their ranks (O(world));
-`held_only_by` the ranks whose slices a lost set of ranks (a node) takes every copy of.
+`replica_ranges` gives every replica set once in O(p x mp x k); `replica_sets` lists their ranks (O(world)).
 """
 from __future__ import annotations
 
@@ -76,13 +75,6 @@ def replica_ranges(layout: ParallelLayout) -> list[range]:
 def replica_sets(layout: ParallelLayout) -> list[list[int]]:
     """Every replica set once, ordered by its first rank; together they partition the ranks."""
     return [list(r) for r in replica_ranges(layout)]
-
-
-def held_only_by(layout: ParallelLayout, ranks) -> list[int]:
-    """The ranks of `ranks` whose every replica is in `ranks`: losing them all together (a node) leaves their
-    slices on no other rank, so neither a last gasp nor a repair in the job can take them from a replica."""
-    lost = set(ranks)
-    return sorted(r for r in lost if lost.issuperset(group_range(layout, r)))
 
 
 def write_group_info(path, layout: ParallelLayout, rank: int) -> Path:

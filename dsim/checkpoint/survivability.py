@@ -77,6 +77,28 @@ class Survivability:
             out.append(f"{self.at_best + 1} or more ranks: never (some replica set is then wholly lost)")
         return out
 
+    def nodes(self, node_size: int) -> list[dict]:
+        """Each node (node_size consecutive ranks, ranks 0..n-1 the first) and the fatal sets wholly on it:
+        losing the node, as a lost server loses every rank on it, loses those pieces of state."""
+        out = [{"node": [first, min(first + node_size, self.world_size) - 1], "fatal_sets": []}
+               for first in range(0, self.world_size, node_size)]
+        for s in self.fatal_sets:  # (sorted) wholly on a node: its first and last rank on the same one
+            if s[0] // node_size == s[-1] // node_size:
+                out[s[0] // node_size]["fatal_sets"].append(list(s))
+        return out
+
+    def node_lines(self, node_size: int, show: int = 4) -> list[str]:
+        """Whether each node's loss leaves a complete copy: one line for all when every node's does."""
+        nodes = self.nodes(node_size)
+        lost = [x for x in nodes if x["fatal_sets"]]
+        if not lost:
+            return [f"any one of the {len(nodes)} nodes: survivable (every replica set keeps a rank on another node)"]
+        out = [f"node {x['node'][0] // node_size} (ranks {x['node'][0]}-{x['node'][1]}): fatal (every rank of "
+               f"{_list_sets([tuple(s) for s in x['fatal_sets']], show)} is on it)" for x in lost[:show]]
+        if len(lost) > show:
+            out.append(f"and {len(lost) - show:,} more of the {len(nodes):,} nodes")
+        return out
+
     def summary(self) -> str:
         """One line: the minimal fatal sets and the two headline numbers."""
         return (f"{self.world_size} ranks, {len(self.fatal_sets)} minimal fatal set(s) "
