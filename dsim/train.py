@@ -118,6 +118,8 @@ def train(run, step: int, joining=None) -> int:
     try:
         code = _train(run, step, joining)
     except Idle as idle:  # left over by an elastic shrink: out of training until the job ends
+        from .ft import hang
+        hang.leave()
         wait_idle(idle.comm)
         return 0
     if run.spares is not None:

@@ -99,9 +99,22 @@ def test_heartbeats_of_ended_processes_are_forgotten(tmp_path):
         live.wait()
 
 
-@pytest.mark.parametrize("value, message", [("0", "must be a number of seconds > 0"), ("-5", "must be a number of seconds > 0 \\(or null: off\\), got -5.0"),
-                                            ("true", "must be float"), ("soon", "must be float, got str 'soon'")])
+@pytest.mark.parametrize("value, message", [
+    ("0", "must be a number of seconds > 0"), ("-5", "must be a number of seconds > 0 \\(or null: off\\), got -5.0"),
+    ("true", "must be float"), ("soon", "must be float, got str 'soon'")])
 def test_a_hang_timeout_is_seconds(value, message):
     with pytest.raises(ConfigError, match=f"config: tft.hang_timeout {message}"):
         load_config(None, [f"tft.hang_timeout={value}"])
     assert load_config(None, ["tft.hang_timeout=2.5"]).tft.hang_timeout == 2.5
+
+
+def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
+    from dsim.ft import hang
+    watch = HangWatch(1.0, tmp_path)
+    watch.begin(context(5, 8))
+    watch.step_begin(context(5, 8, step=11))  # the step an elastic shrink left it out of: never ended
+    assert hang._running is watch and (tmp_path / "heartbeats" / str(os.getpid())).exists()
+    hang.leave()
+    assert hang._running is None and not watch._thread.is_alive()
+    assert not (tmp_path / "heartbeats" / str(os.getpid())).exists()
+    hang.leave()  # nothing running: nothing to do

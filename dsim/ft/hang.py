@@ -31,6 +31,7 @@ from ..faults import started
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
+_running = None  # this process's HangWatch while it trains
 
 
 class HangWatch(Callback):
@@ -58,6 +59,8 @@ class HangWatch(Callback):
         self._beat(time.time())
         self._thread = threading.Thread(target=self._run, name="dsim-hang-watch", daemon=True)
         self._thread.start()
+        global _running
+        _running = self
 
     def recovered(self, run_context):
         """After a repair in the job or an elastic shrink: this process's rank and world now; between steps."""
@@ -71,7 +74,9 @@ class HangWatch(Callback):
     def step_end(self, run_context):
         self.since = None
 
-    def end(self, run_context):
+    def end(self, run_context=None):
+        global _running
+        _running = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -115,6 +120,13 @@ class HangWatch(Callback):
                       by=self.rank, timeout=self.timeout)
                 say(f"dsim: hang watch: rank {record['rank']} (pid {record['pid']}) has not run for {ago:.1f} s "
                     f"(step {self.step}, timeout {self.timeout:g} s): killed (SIGKILL), as a failed rank")
+
+
+def leave() -> None:
+    """This process stops training without its callbacks' end (left idle by an elastic shrink): no heartbeat
+    of it is a training rank's any more, and its watch stops."""
+    if _running is not None:
+        _running.end()
 
 
 def heartbeats(directory) -> list[dict]:
