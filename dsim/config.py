@@ -130,6 +130,7 @@ class TFTConfig:
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     hang_timeout: Optional[float] = None     # seconds a step may go on before a frozen rank is killed (dsim.ft.hang)
+    sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
 
 
@@ -285,12 +286,15 @@ def validate(cfg: Config) -> None:
                           "(each stage holds part of the network)")
     if cfg.tft.spares < 0:
         raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
+    n = cfg.tft.sdc_check_every
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError(f"config: tft.sdc_check_every must be a number of steps >= 1 (or null: off), got {n!r}")
     h = cfg.tft.hang_timeout
     if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h > 0):
         raise ConfigError(f"config: tft.hang_timeout must be a number of seconds > 0 (or null: off), got {h!r}")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce", "hang", "plan"):
-        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang or plan, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce", "hang", "sdc", "plan"):
+        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, sdc or plan, got {f.kind!r}")
     if f.kind == "plan" and not Path(os.environ.get("DSIM_FAULT_PLAN") or "/nonexistent/").is_file():
         raise ConfigError("config: fault.kind plan needs $DSIM_FAULT_PLAN, a fault plan file (python -m dsim.campaign "
                           f"writes one), got {os.environ.get('DSIM_FAULT_PLAN')!r}")

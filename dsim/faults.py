@@ -1,6 +1,8 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill | uce | hang, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce | hang | sdc, rank: R, step: N, epoch: E, at: POINT}`
+- kind sdc: one bit of one of rank R's parameters flips, and nothing reports it (silent data corruption;
+  tft.sdc_check_every finds it by comparing replicas: dsim.ft.sdc);
 - kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
   collective (until tft.hang_timeout's watch kills it: dsim.ft.hang);
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
@@ -151,6 +153,10 @@ class FaultInjector(Callback):
         if self.kind == "hang":
             freeze(f"dsim: fault: rank {self.my_rank} stops (SIGSTOP) {where}")
             return  # continued (SIGCONT): the step goes on
+        if self.kind == "sdc":
+            say(f"dsim: fault: rank {self.my_rank}: a bit of {flip_bit(self.optimizer, self.my_rank)} flips, "
+                f"silently, {where}")
+            return  # nothing reports it: training goes on
         if self.kind == "uce":
             error = UCEError(self.my_rank, where, corrupt(self.optimizer, self.my_rank))
             say(f"dsim: fault: {error}")
@@ -164,6 +170,18 @@ def kill(message: str) -> None:
     """Say why and SIGKILL this process (no clean-up, as a real crash)."""
     say(message)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def flip_bit(optimizer, seed: int) -> str:
+    """Flip one bit of one parameter of this rank (drawn from seed), as a memory cell that fails silently would;
+    returns what it hit ("layer2.param, element 1234, bit 30")."""
+    rng = np.random.default_rng([seed, 31])
+    p = optimizer.params[int(rng.integers(len(optimizer.params)))]
+    flat = p.data.reshape(-1)
+    i, bit = int(rng.integers(flat.size)), int(rng.integers(flat.dtype.itemsize * 8))
+    word = flat[i:i + 1].view(np.uint32 if flat.dtype.itemsize == 4 else np.uint64)
+    word ^= word.dtype.type(1) << word.dtype.type(bit)
+    return f"{p.name}, element {i}, bit {bit}"
 
 
 def freeze(message: str) -> None:

@@ -135,10 +135,15 @@ def _train(run, step: int, joining) -> int:
 
     from .checkpoint.saver import SaveError
     from .ft.inprocess import CannotRepair
+    from .ft.sdc import SilentCorruption
     from .ft.tft import handle_process_failure, leave
     cfg = run.cfg
     try:
         run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
+    except SilentCorruption as e:  # every rank found it together: rank 0 says it once; no last gasp
+        if run.groups.world.rank == 0:
+            print(f"dsim: error: {e}", file=sys.stderr, flush=True)
+        return 1
     except (InjectedFault, CheckpointError) as e:
         rank = run.groups.world.rank
         if isinstance(e, SaveError):  # gathered from every rank: rank 0 says it once

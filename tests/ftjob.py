@@ -15,6 +15,7 @@ OPTS = ["--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=320"
         "--set", "checkpoint.save_checkpoint_steps=7", "--set", "checkpoint.save_checkpoint_epochs=null",
         "--set", "output.dir=run"]
 LAYOUTS = {"dp2xmp4": [], "dp4xmp2k2": ["--set", "parallel.model_parallel=2", "--set", "parallel.optimizer_shard=2"],
+           "dp4xmp2": ["--set", "parallel.model_parallel=2"],
            "dp2xmp4k2": ["--set", "parallel.optimizer_shard=2"],
            "pp4xdp2": ["--set", "parallel.pipeline_stage=4", "--set", "parallel.model_parallel=1",
                        "--set", "parallel.micro_batch_num=8"]}

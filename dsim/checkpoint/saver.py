@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from .. import faults
+from ..ft import sdc
 from ..engine.callbacks import Callback, event, say
 from ..engine.state import owned_pieces
 from ..parallel.groups import gather_full
@@ -298,6 +299,7 @@ class ModelCheckpoint(Callback):
         if self.last_failed_step == cb.cur_step_num:
             return None
         self.finish(cb)
+        sdc.before_save(cb)  # with tft.sdc_check_every: replicas compared, none saved damaged (dsim.ft.sdc)
         groups = cb.model.groups
         comm, layout, rank = groups.world, groups.layout, cb.rank
         name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)

@@ -76,6 +76,9 @@ class Run:
         from ..faults import FaultInjector
         cfg, out = self.cfg, self.cfg.output
         cbs = []
+        if cfg.tft.sdc_check_every:  # first: the replicas are compared before a save at the same step
+            from ..ft.sdc import SdcCheck
+            cbs.append(SdcCheck(cfg.tft.sdc_check_every))
         c = cfg.checkpoint
         if c.enabled:
             config = CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,

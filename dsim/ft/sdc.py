@@ -1,0 +1,120 @@
+"""Silent data corruption of the training state, found by comparing replicas (`tft.sdc_check_every: N`).
+
+A UCE is a memory error the device reports (`fault.kind: uce`); a *silent* one is not: a bit of a parameter
+or of the optimizer state flips (`fault.kind: sdc`) and training goes on with it, and so does every
+checkpoint after it. Data-parallel replicas hold the same bits by construction (every reduction is
+deterministic and identical on every rank of a group: dsim.parallel.groups), so a replica that differs
+is damaged. Every N steps, and before every checkpoint is saved (none is committed with a damaged replica),
+each rank computes the CRC-32 of every parameter and optimizer-state slice it holds; its data-parallel
+group gathers them and compares the holders of each slice (a parameter: every rank of the group; a slice of
+the optimizer state: the ranks of the group with the same shard index). With three holders or more the odd
+one out is the damaged one; with two, either may be. One all-reduce tells every rank whether any group
+found one; then every rank stops (SilentCorruption), the job writes no last gasp (its newest state is the
+damaged one) and exits 1 with one line naming the ranks and tensors: the resume goes back to the newest
+committed checkpoint, which was checked before it was saved. With optimizer shard k = dp no slice of the
+optimizer state has a second holder: only the parameters are compared.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+import numpy as np
+
+from ..engine.callbacks import Callback, event
+
+_active = None  # the SdcCheck of this process (ModelCheckpoint.save checks through it first)
+
+
+class SilentCorruption(RuntimeError):
+    """Replicas that must be bit-identical differ: raised on every rank, after they all agreed."""
+
+    def __init__(self, step: int, found: list):
+        self.step, self.found = step, found
+        super().__init__(f"silent data corruption found at step {step}: {describe(found)}; no last gasp (the newest "
+                         "state is the damaged one): resume (--resume auto) from the newest committed checkpoint, "
+                         "checked before it was saved")
+
+
+class SdcCheck(Callback):
+    """Compare the replicas every `every` steps (None: only before saves) and before every save."""
+
+    def __init__(self, every: Optional[int]):
+        self.every = every
+        self.checked = None  # the step last checked
+
+    def begin(self, run_context):
+        global _active
+        _active = self
+
+    def end(self, run_context):
+        global _active
+        _active = None
+
+    def step_end(self, run_context):
+        cb = run_context.original_args()
+        if self.every and cb.cur_step_num % self.every == 0:
+            self.check(cb)
+
+    def check(self, cb) -> None:
+        """Collective over the world: raise SilentCorruption on every rank when replicas differ anywhere."""
+        if self.checked == cb.cur_step_num:
+            return
+        self.checked = cb.cur_step_num
+        groups = cb.model.groups
+        from mpi4py import MPI
+        found = differing(groups.dp.allgather((groups.rank, groups.coords.shard, digests(cb.optimizer))))
+        anywhere = np.array([len(found)], dtype=np.int64)
+        groups.world.Allreduce(MPI.IN_PLACE, anywhere)  # (a buffer reduction: a revoke reaches it)
+        if not anywhere[0]:
+            return
+        everything = [f for part in groups.world.allgather(found if groups.dp.rank == 0 else []) for f in part]
+        event("sdc", global_step=cb.cur_step_num, found=everything)
+        raise SilentCorruption(cb.cur_step_num, everything)
+
+
+def before_save(cb) -> None:
+    """Called by ModelCheckpoint.save first: a checkpoint is saved only from replicas found identical."""
+    if _active is not None:
+        _active.check(cb)
+
+
+def digests(optimizer) -> dict:
+    """CRC-32 of every parameter and optimizer-state slice this rank holds: {("params" | "state", name): crc}."""
+    from ..checkpoint.format import crc32
+    out = {("params", p.name): crc32(p.data) for p in optimizer.params}
+    out.update({("state", name): crc32(a) for name, _, a in optimizer.state_items()})
+    return out
+
+
+def differing(gathered: list) -> list[dict]:
+    """From a data-parallel group's [(rank, shard index, digests)]: each slice whose holders disagree,
+    {"tensor", "ranks" (the damaged: the odd ones out, or every holder when no value has a majority), "holders"}."""
+    slices = {}
+    for rank, shard, digest in gathered:
+        for (kind, name), crc in digest.items():
+            key = (kind, name, None if kind == "params" else shard)
+            slices.setdefault(key, []).append((rank, crc))
+    out = []
+    for (kind, name, _), held in sorted(slices.items(), key=lambda x: (x[0][0], x[0][1], x[0][2] or 0)):
+        counts = Counter(crc for _, crc in held)
+        if len(counts) == 1:
+            continue
+        crc, n = counts.most_common(1)[0]
+        majority = n * 2 > len(held)
+        out.append({"tensor": f"{'params' if kind == 'params' else 'optimizer'}/{name}",
+                    "ranks": sorted(r for r, c in held if not majority or c != crc),
+                    "holders": sorted(r for r, _ in held), "majority": majority})
+    return out
+
+
+def describe(found: list) -> str:
+    parts = []
+    for f in found[:3]:
+        if f["majority"]:
+            parts.append(f"rank(s) {', '.join(map(str, f['ranks']))} hold(s) a {f['tensor']} that differs from the "
+                         f"other replicas' (holders {f['holders']})")
+        else:
+            parts.append(f"the replicas of {f['tensor']} on ranks {f['holders']} differ (either may be damaged)")
+    more = f"; and {len(found) - 3} more slice(s)" if len(found) > 3 else ""
+    return "; ".join(parts) + more
