@@ -131,6 +131,7 @@ class TFTConfig:
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     hang_timeout: Optional[float] = None     # seconds a step may go on before a frozen rank is killed (dsim.ft.hang)
     sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
+    sdc_rollback: bool = True                # corruption found: roll back in the job to the newest checkpoint (else stop)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
 
 

@@ -1,35 +1,55 @@
 """Silent data corruption end to end (`fault.kind: sdc`: a bit of a rank's parameter flips and nothing reports
-it): `tft.sdc_check_every` compares the replicas, every rank stops at the first check after it with one line
-naming the damaged replica(s), nothing is saved from the damaged state, and the resume from the newest
-committed checkpoint ends bit-identical to an uninterrupted run. Every mpirun has a timeout."""
+it): `tft.sdc_check_every` compares the replicas and finds it at the next check. By default every rank rolls
+back in the job to the newest committed checkpoint (compared before it was saved) and the job ends
+bit-identical to an uninterrupted run; with `tft.sdc_rollback: false` the job stops with one line naming the
+damaged replica(s), nothing is saved from the damaged state, and the resume is bit-identical.
+Every mpirun has a timeout."""
 import pytest
 
 from conftest import mpirun
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
 
 pytestmark = pytest.mark.e2e
+CHECK = ["--set", "tft.sdc_check_every=4"]
 
 
-@pytest.mark.parametrize("layout, rank, named", [
-    ("dp2xmp4", 5, "the replicas of params/{} on ranks [1, 5] differ (either may be damaged)"),  # two holders
-    ("dp4xmp2", 3, "rank(s) 3 hold(s) a params/{} that differs from the other replicas' (holders [1, 3, 5, 7])"),
-])
-def test_a_flipped_bit_is_found_at_the_next_check_and_the_resume_is_bit_identical(ft_reference, tmp_path,
-                                                                                   layout, rank, named):
-    ref_losses, ref_ckpt = ft_reference(layout)
-    opts = ["-m", "dsim.train", *OPTS, *LAYOUTS[layout], "--set", "tft.sdc_check_every=4"]
-    crash = mpirun(8, [*opts, *fault("sdc", rank, "step_end", 9)], cwd=tmp_path, timeout=120, check=1)
-    flipped, = events(tmp_path, "fault")
-    found, = events(tmp_path, "sdc")
-    tensor = found["found"][0]["tensor"].split("/", 1)[1]
+def found_at_12(job, flips):
+    flipped, = events(job, "fault")
+    found, = events(job, "sdc")
     assert flipped["kind"] == "sdc" and found["global_step"] == 12 and len(found["found"]) == 1  # steps 10-12 on it
+    return found["found"][0]
+
+
+def test_a_flipped_bit_is_rolled_back_in_the_job_bit_identically(ft_reference, tmp_path):
+    """dp4 x mp2: four replicas of each parameter, so the odd one out (rank 3) is named."""
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2")
+    proc = mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS["dp4xmp2"], *CHECK, *fault("sdc", 3, "step_end", 9)],
+                  cwd=tmp_path, timeout=120, check=0)
+    bad = found_at_12(tmp_path, 3)
+    assert bad["ranks"] == [3] and bad["holders"] == [1, 3, 5, 7] and bad["majority"]
+    back, = events(tmp_path, "sdc_rollback")
+    assert (back["checkpoint"], back["global_step"], back["found_at"]) == ("network-1_7", 7, 12)
+    assert (f"dsim: sdc: rank(s) 3 hold(s) a {bad['tensor']} that differs from the other replicas' (holders "
+            "[1, 3, 5, 7]) at step 12; rolled back in the job to network-1_7 (global step 7, compared before it was "
+            "saved) in ") in proc.stdout, proc.stdout
+    # steps 1-11 (12 stopped at its end, before its loss line), then 8-20 again, those bit for bit
+    losses = LOSS.findall(proc.stdout)
+    assert losses[:9] == ref_losses[:9] and len(losses) == 11 + 13 and losses[11:] == ref_losses[7:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_without_rollback_the_job_stops_and_the_resume_is_bit_identical(ft_reference, tmp_path):
+    """dp2 x mp4: two replicas of each parameter, so both are named (either may be the damaged one)."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, *CHECK, "--set", "tft.sdc_rollback=false"]
+    crash = mpirun(8, [*opts, *fault("sdc", 5, "step_end", 9)], cwd=tmp_path, timeout=120, check=1)
+    bad = found_at_12(tmp_path, 5)
     assert error_lines(crash) == [
-        f"dsim: error: silent data corruption found at step 12: {named.format(tensor)}; no last gasp (the newest "
-        "state is the damaged one): resume (--resume auto) from the newest committed checkpoint, checked before "
-        "it was saved"], crash.stderr
+        f"dsim: error: silent data corruption found at step 12: the replicas of {bad['tensor']} on ranks [1, 5] "
+        "differ (either may be damaged); no last gasp (the newest state is the damaged one): resume (--resume auto) "
+        "from the newest committed checkpoint, checked before it was saved"], crash.stderr
     losses = LOSS.findall(crash.stdout)
-    # trained on the damage from step 10 to the check at the end of step 12, which stopped before its loss line
-    assert len(losses) == 11 and losses[:9] == ref_losses[:9]
+    assert len(losses) == 11 and losses[:9] == ref_losses[:9]  # trained on the damage from step 10 on
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("*.commit"))
     assert ckpts == ["network-1_7.commit"]  # nothing committed after the flip (the check at step 14 never came)
 

@@ -140,4 +140,7 @@ def build_run(cfg: Config, comm, initialize: bool = True) -> Run:
     if cfg.tft.uce or cfg.tft.arf or cfg.tft.elastic:
         from ..ft.inprocess import InProcessRecovery
         model.recovery = InProcessRecovery(run)
+    if cfg.tft.sdc_check_every and cfg.tft.sdc_rollback:
+        from ..ft.sdc import Rollback
+        model.rollback = Rollback(run)
     return run

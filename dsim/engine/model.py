@@ -35,6 +35,7 @@ class Model:
         self.global_batch_size = global_batch_size
         self.seed, self.loader = None, None  # the run's seed, and the dataset it trains on (checkpoints record both)
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
+        self.rollback = None  # dsim.ft.sdc.Rollback with tft.sdc_rollback
         self._buckets = None
         self.pipeline = None  # dsim.parallel.pipeline.Pipeline with pipeline stages or micro-batches
         self._pipeline_options = (micro_batch_num, pipeline_schedule)
@@ -201,9 +202,12 @@ class Model:
                 self._loop(epoch, train_dataset, callbacks, ctx)
                 break
             except Exception as e:
-                if self.recovery is None or not self.recovery.handles(e):
+                if self.rollback is not None and self.rollback.handles(e):  # silent corruption (dsim.ft.sdc)
+                    step = self.rollback.recover(e)
+                elif self.recovery is None or not self.recovery.handles(e):
                     raise
-                step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
+                else:
+                    step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
                 cb.rank, cb.world_size, cb.layout = self.groups.rank, self.groups.world.size, self.groups.layout.to_dict()
                 cb.network, cb.optimizer = self.network, self.optimizer  # new ones after an elastic shrink
                 train_dataset.set_init_step(step)

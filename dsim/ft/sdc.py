@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..engine.callbacks import Callback, event
+from ..engine.callbacks import Callback, event, say
 
 _active = None  # the SdcCheck of this process (ModelCheckpoint.save checks through it first)
 
@@ -51,6 +51,9 @@ class SdcCheck(Callback):
         global _active
         _active = None
 
+    def recovered(self, run_context):
+        self.checked = None  # a step trained again (after a rollback) is checked again
+
     def step_end(self, run_context):
         cb = run_context.original_args()
         if self.every and cb.cur_step_num % self.every == 0:
@@ -71,6 +74,42 @@ class SdcCheck(Callback):
         everything = [f for part in groups.world.allgather(found if groups.dp.rank == 0 else []) for f in part]
         event("sdc", global_step=cb.cur_step_num, found=everything)
         raise SilentCorruption(cb.cur_step_num, everything)
+
+
+ROLLBACKS = 3  # in one job; at the next the job stops (memory that keeps failing: restart without that node)
+
+
+class Rollback:
+    """The repair in the job (`tft.sdc_rollback`): every rank loads the newest committed checkpoint, compared
+    before it was saved, into its live arrays, and training goes on from its step, without a restart; bit for
+    bit as a resume from it would (the steps trained on the damage are all redone)."""
+
+    def __init__(self, run):
+        self.run, self.done = run, 0
+
+    def handles(self, error) -> bool:
+        return isinstance(error, SilentCorruption) and self.done < ROLLBACKS
+
+    def recover(self, error: SilentCorruption) -> int:
+        """Collective: load, and return the global step training goes on after."""
+        import time
+
+        from ..checkpoint.recovery import recover
+        from ..checkpoint.saver import abandon_in_flight
+        t0 = time.time()
+        abandon_in_flight("silent data corruption: the state being saved in the background is not kept")
+        record, _ = recover(self.run, "auto")  # CheckpointError on every rank when none is usable
+        optimizer = self.run.optimizer
+        if hasattr(optimizer, "received"):  # OptTFTWrapper: its copy from before an update is of the damage
+            optimizer.received(record["global_step"])
+        self.done += 1
+        step = self.run.loader.init_step
+        ms = round(1000 * (time.time() - t0), 1)
+        event("sdc_rollback", global_step=step, checkpoint=record["name"], found_at=error.step, ms=ms)
+        if self.run.groups.world.rank == 0:
+            say(f"dsim: sdc: {describe(error.found)} at step {error.step}; rolled back in the job to {record['name']} "
+                f"(global step {step}, compared before it was saved) in {ms:.0f} ms; training goes on after step {step}")
+        return step
 
 
 def before_save(cb) -> None:
