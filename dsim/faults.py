@@ -20,7 +20,7 @@ a list of steps as long as it, each rank fires at its own step (rank: [0, 5], st
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang, at: forward | allreduce | update} fires
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | sdc, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
 at or after `time` (Unix seconds); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
 (with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
@@ -225,7 +225,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "sdc")
 PLAN_POINTS = ("forward", "allreduce", "update")
 
 
@@ -274,6 +274,9 @@ class FaultPlan:
                 raise error
             if f["kind"] == "hang":
                 freeze(f"dsim: fault: rank {self.rank} stops (SIGSTOP) {where}")
+                return
+            if f["kind"] == "sdc":
+                say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
                 return
             if node:
                 say(f"dsim: fault: node failure: ranks {node[0]}-{node[-1]} die together {where}")

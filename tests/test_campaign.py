@@ -318,6 +318,24 @@ def test_a_failure_the_budget_left_no_time_for():
     assert not rec["seen"] and not rec["recovered"] and rec["steps_lost"] is None
 
 
+def test_a_silent_corruption_is_rolled_back_in_the_job_and_its_steps_are_lost():
+    # a bit flips in step 13 (rank 3); the check at step 16 finds it; the job rolls back to step 10 (committed
+    # before), trains 11-16 again: 16 - 10 = 6 steps lost (not 12 - 10: the steps on the damage count), as promised
+    events = steps(1, 15, 1.0) + [ev("checkpoint_committed", 10.5, global_step=10)]
+    events += [ev("fault", 13.5, plan_index=0, rank=3, kind="sdc", at="forward", global_step=13)]
+    events += [ev("step", 16.0, global_step=16, loss=99.0),  # trained on the damage: its loss differs
+               ev("sdc", 16.1, global_step=16, found=[{"ranks": [3], "tensor": "params/w"}]),
+               ev("sdc_rollback", 16.3, global_step=10, checkpoint="n-1_10", found_at=16, damaged=[3])]
+    events += steps(11, 20, 17.0)
+    (rec,) = analysis.failures(sorted(events, key=lambda e: e["time"]), end=100)
+    assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("in the job", 10, 6, 6)
+    assert rec["recovered"] and rec["recovery_s"] == pytest.approx(17.0 - 13.5)
+    # the losses of steps 11-16 trained on the damage are not compared; those trained again are
+    ref = {g: g / 1000 for g in range(1, 21)}
+    got = analysis.losses_equal(sorted(events, key=lambda e: e["time"]), 100, ref)
+    assert (got["discarded"], got["differ"], got["compared"]) == (6, 0, 10 + 10)  # 1-10, then 11-20 again
+
+
 def test_checkpoint_cost_and_losses():
     # ordinary steps of 1 s, a save every 5 steps adds 0.5 s
     t, events = 0.0, []
@@ -330,7 +348,7 @@ def test_checkpoint_cost_and_losses():
     ref = {g: float(g) for g in range(1, 16)}
     ref[12] = 12.000001
     assert analysis.losses_equal(events, 100, ref) == {"compared": 15, "differ": 1, "first_difference": 12,
-                                                       "beyond_reference": 5}
+                                                       "beyond_reference": 5, "discarded": 0}
     assert analysis.percentile([1, 2, 3, 4], 50) == 2.5 and analysis.percentile([], 90) is None
 
 
@@ -411,6 +429,8 @@ def test_report_table():
     (["--duration", "ten"], "--duration: 'ten' is not a duration"),
     (["--faults", "kill,meteor"], "--faults: unknown kind 'meteor'"),
     (["--faults", "node", "--ranks", "6"], "--ranks-per-node 4 must divide --ranks 6"),
+    (["--faults", "sdc", "--sdc-check-every", "0"], "--sdc-check-every must be >= 1 step"),
+    (["--faults", "hang", "--hang-timeout", "soon"], "--hang-timeout: 'soon' is not a duration"),
     (["--save-every", "10,x"], "--save-every: '10,x' is not a list"),
     (["--set", "model.hiden=[4]"], "config: unknown key 'model.hiden'"),
 ])

@@ -40,6 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--hang-timeout", default="10s",
                    help="with hang failures: tft.hang_timeout of every job, how long a step may go on before a "
                         "frozen rank is killed (default 10s)")
+    p.add_argument("--sdc-check-every", type=int, default=10,
+                   help="with sdc failures: tft.sdc_check_every of every job, steps between two comparisons of the "
+                        "replicas (default 10)")
     p.add_argument("--rank-mtbf", default="1y", help="per-rank MTBF of the what-if at scale (default 1y)")
     p.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="a new (or empty) directory")
     return p.parse_args(argv)
@@ -67,6 +70,8 @@ def settings_from(args) -> tuple:
         raise ValueError(f"--save-every: intervals must be >= 1, got {args.save_every!r}")
     if args.ranks < 1 or args.spares < 0:
         raise ValueError("--ranks must be >= 1 and --spares >= 0")
+    if "sdc" in kinds and args.sdc_check_every < 1:
+        raise ValueError(f"--sdc-check-every must be >= 1 step, got {args.sdc_check_every}")
     if "node" in kinds and (args.ranks_per_node < 1 or args.ranks % args.ranks_per_node):
         raise ValueError(f"--ranks-per-node {args.ranks_per_node} must divide --ranks {args.ranks} "
                          "(the nodes a `node` failure kills are of one size)")
@@ -83,7 +88,8 @@ def settings_from(args) -> tuple:
         raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
                            args.ranks, args.spares, args.ranks_per_node,
-                           hang_timeout if "hang" in kinds else None), rank_mtbf
+                           hang_timeout if "hang" in kinds else None,
+                           args.sdc_check_every if "sdc" in kinds else None), rank_mtbf
 
 
 def analyse(raw: dict, ref, ref_losses: dict) -> dict:
@@ -146,6 +152,7 @@ def main(argv=None) -> int:
            "settings": {"mtbf_s": s.mtbf, "duration_s": s.duration, "faults": s.kinds, "seed": s.seed,
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
                         "ranks_per_node": s.ranks_per_node, "hang_timeout_s": s.hang_timeout,
+                        "sdc_check_every": s.sdc_check_every,
                         "config": str(s.config_file), "overrides": s.overrides},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
     raws, rows, events_of, code = [], [], {}, 0

@@ -25,7 +25,7 @@ import math
 import statistics
 from pathlib import Path
 
-IN_JOB = ("heal", "uce_repair")
+IN_JOB = ("heal", "uce_repair", "sdc_rollback")
 
 
 def read_events(path) -> list[dict]:
@@ -85,6 +85,9 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
             if e["event"] in ("last_gasp_saved", "last_gasp_lost") and f["rank"] in e.get("failed", []):
                 noticed = True  # the survivors saw it; the restart that follows says where training went on
         before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
+        if f["kind"] == "sdc":  # silent: training goes on on the damage until a check finds it, all of it lost
+            found = next((e for e in after if e["event"] == "sdc"), None)
+            before = found["global_step"] if found else before
         rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "ranks": f.get("ranks", [f["rank"]]),
                "kind": f["kind"], "at": f.get("at"),
                "step": f["global_step"], "seen": meet is not None or noticed, "how": meet[0] if meet else None,
@@ -99,7 +102,8 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                      or e["event"] == "last_gasp_saved" and e["time"] < meet[2]["time"]
                      and e["global_step"] <= f["global_step"])]
             newest = max([0, *saved])
-            rec["predicted_lost"] = 0 if meet[0] == "in the job" else max(0, before - newest)
+            rolled = meet[2]["event"] == "sdc_rollback"  # in the job, but back to a checkpoint
+            rec["predicted_lost"] = 0 if meet[0] == "in the job" and not rolled else max(0, before - newest)
             # the next step finished: its step event or a later step's, or a last gasp of it or later (rank 0,
             # which logs steps, may die inside the update of a step its replicas finished: the gasp saves that
             # step, or an elastic shrink goes on after it and the new rank 0 logs the steps that follow)
@@ -172,11 +176,22 @@ def progress(events: list, end: float) -> int:
 
 
 def losses_equal(events: list, end: float, reference: dict) -> dict:
-    """Every loss logged before `end` against the fault-free run's at the same global step, bit for bit."""
+    """Every loss logged before `end` against the fault-free run's at the same global step, bit for bit; but a
+    loss of a step trained on silently corrupted state (logged before the corruption was found, an `sdc`
+    event, and the step then trained again): `discarded`."""
+    found = [e["time"] for e in events if e["event"] == "sdc"]
+    steps = [e for e in events if e["event"] == "step" and e["time"] <= end]
+    again, discarded = {}, set()  # global step -> time it was next logged (walking backwards)
+    for i in range(len(steps) - 1, -1, -1):
+        e = steps[i]
+        nxt = again.get(e["global_step"])
+        if nxt is not None and any(e["time"] < t < nxt for t in found):
+            discarded.add(i)
+        again[e["global_step"]] = e["time"]
     compared = differ = beyond = 0
     first = None
-    for e in events:
-        if e["event"] != "step" or e["time"] > end:
+    for i, e in enumerate(steps):
+        if i in discarded:
             continue
         ref = reference.get(e["global_step"])
         if ref is None:
@@ -187,7 +202,8 @@ def losses_equal(events: list, end: float, reference: dict) -> dict:
             compared += 1
             differ += 1
             first = first if first is not None else e["global_step"]
-    return {"compared": compared, "differ": differ, "first_difference": first, "beyond_reference": beyond}
+    return {"compared": compared, "differ": differ, "first_difference": first, "beyond_reference": beyond,
+            "discarded": len(discarded)}
 
 
 def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate) -> dict:

@@ -105,7 +105,8 @@ class Rollback:
         self.done += 1
         step = self.run.loader.init_step
         ms = round(1000 * (time.time() - t0), 1)
-        event("sdc_rollback", global_step=step, checkpoint=record["name"], found_at=error.step, ms=ms)
+        event("sdc_rollback", global_step=step, checkpoint=record["name"], found_at=error.step, ms=ms,
+              damaged=sorted({r for f in error.found for r in f["ranks"]}))
         if self.run.groups.world.rank == 0:
             say(f"dsim: sdc: {describe(error.found)} at step {error.step}; rolled back in the job to {record['name']} "
                 f"(global step {step}, compared before it was saved) in {ms:.0f} ms; training goes on after step {step}")
