@@ -454,3 +454,13 @@ def test_the_report_says_which_nodes_hold_every_copy_of_some_slices():
               "layout": {"data_parallel": 2, "model_parallel": 2, "optimizer_shard": 1, "pipeline_stage": 2}}]
     assert [x["fatal_sets"] for x in node_loss(begin, 4).nodes(4)] == [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
     assert node_loss([], 4) is None
+
+
+def test_the_what_if_takes_the_recoveries_of_rank_failures_not_of_rollbacks():
+    from dsim.campaign.__main__ import what_if
+    rows = [{"strategy": "fault-free"},
+            {"strategy": "periodic", "save_s": 0.5, "failures": [
+                {"kind": "sdc", "recovered": True, "recovery_s": 0.2},  # rolled back in the job, whatever the scheme
+                {"kind": "kill", "recovered": True, "recovery_s": 5.0}]}]
+    got = what_if(rows, {"save_s": 0.5}, 365 * 86400, [])
+    assert got["costs"]["periodic"] == {"save_s": 0.5, "down_s": 5.0}

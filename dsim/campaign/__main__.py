@@ -122,7 +122,8 @@ def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
     costs = {}
     for name in dict.fromkeys(r["strategy"] for r in rows[1:]):
         mine = [r for r in rows[1:] if r["strategy"] == name]
-        downs = [f["recovery_s"] for r in mine for f in r["failures"] if f["recovered"]]
+        # a rank's failure and its scheme's recovery (an sdc is rolled back alike by every scheme: not one)
+        downs = [f["recovery_s"] for r in mine for f in r["failures"] if f["recovered"] and f["kind"] != "sdc"]
         saves = [r["save_s"] for r in mine if r.get("save_s") is not None] or [ref.get("save_s")]
         costs[name] = {"save_s": sorted(saves)[len(saves) // 2], "down_s": analysis.percentile(downs, 50)}
     return {"rank_mtbf_s": rank_mtbf, "model_parallel": layout["model_parallel"], "holders_measured": per_slice,
