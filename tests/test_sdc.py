@@ -45,6 +45,7 @@ def test_the_message_names_the_slices():
     e = SilentCorruption(12, [{"tensor": "params/b", "ranks": [2], "holders": [0, 2, 4], "majority": True}])
     assert str(e).startswith("silent data corruption found at step 12: rank(s) 2 hold(s) a params/b that differs "
                              "from the other replicas' (holders [0, 2, 4]); no last gasp")
+    assert str(SilentCorruption(3, e.found, "nothing to roll back to")).endswith("[0, 2, 4]); nothing to roll back to")
 
 
 @pytest.mark.parametrize("value, message", [("0", "must be a number of steps >= 1"), ("2.5", "must be int")])

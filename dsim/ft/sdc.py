@@ -29,11 +29,12 @@ _active = None  # the SdcCheck of this process (ModelCheckpoint.save checks thro
 class SilentCorruption(RuntimeError):
     """Replicas that must be bit-identical differ: raised on every rank, after they all agreed."""
 
-    def __init__(self, step: int, found: list):
+    RESUME = ("no last gasp (the newest state is the damaged one): resume (--resume auto) from the newest committed "
+              "checkpoint, checked before it was saved")
+
+    def __init__(self, step: int, found: list, then: str = RESUME):
         self.step, self.found = step, found
-        super().__init__(f"silent data corruption found at step {step}: {describe(found)}; no last gasp (the newest "
-                         "state is the damaged one): resume (--resume auto) from the newest committed checkpoint, "
-                         "checked before it was saved")
+        super().__init__(f"silent data corruption found at step {step}: {describe(found)}; {then}")
 
 
 class SdcCheck(Callback):
@@ -94,11 +95,16 @@ class Rollback:
         """Collective: load, and return the global step training goes on after."""
         import time
 
+        from ..checkpoint.errors import CheckpointError
         from ..checkpoint.recovery import recover
         from ..checkpoint.saver import abandon_in_flight
         t0 = time.time()
         abandon_in_flight("silent data corruption: the state being saved in the background is not kept")
-        record, _ = recover(self.run, "auto")  # CheckpointError on every rank when none is usable
+        try:
+            record, _ = recover(self.run, "auto")  # the same on every rank
+        except CheckpointError as e:  # none usable (none committed yet): the job stops on the corruption's line
+            raise SilentCorruption(error.step, error.found, f"nothing to roll back to ({e}) and no last gasp (the "
+                                   "newest state is the damaged one): start the job again") from None
         optimizer = self.run.optimizer
         if hasattr(optimizer, "received"):  # OptTFTWrapper: its copy from before an update is of the damage
             optimizer.received(record["global_step"])
