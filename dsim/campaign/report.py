@@ -120,10 +120,18 @@ def timeline(out: Path, rows: list, events_of: dict) -> Path | None:
         colour = COLOURS.get(r["strategy"], "black")
         style = STYLES[intervals.index(r["save_every"]) % len(STYLES)]
         ax.plot(*zip(*pts), style, color=colour, lw=1.2, label=f"{r['strategy']}, every {r['save_every']}")
+        # after the budget, while the campaign waited for the failures in it to be recovered: faint
+        tail = [(e["time"] - t0, e["global_step"]) for e in events if e["event"] == "step"
+                and r["end"] < e["time"] <= r.get("settled", r["end"])]
+        if tail:
+            ax.plot(*zip(*[pts[-1], *tail]), style, color=colour, lw=1.0, alpha=0.35)
         for f in r.get("failures", []):
             ax.plot(f["time"] - t0, f["step"] - 1, "x", color="crimson", ms=7, mew=2)
             if f["recovered"]:
                 ax.plot(f["time"] - t0 + f["recovery_s"], f["resumed_from"] + 1, "o", color=colour, ms=5, mfc="none")
+    budget = max((r["end"] - r["start"] for r in rows), default=None)
+    if budget and any(r.get("settled", r["end"]) > r["end"] + 0.5 for r in rows):
+        ax.axvline(budget, color="grey", ls=":", lw=1, label="end of the budget (faint: waiting for a recovery)")
     ax.plot([], [], "x", color="crimson", mew=2, label="failure")
     ax.plot([], [], "o", color="black", mfc="none", label="next step finished")
     ax.set_xlabel("wall time since the start of the combination (s)")
