@@ -13,3 +13,7 @@ export OMPI_MCA_async_mpi_finalize=1
 # died after a spawn (dsim.ft.spares.finish): a process ending with status 0 without it is then no error
 # (a non-zero status still is).
 export PRTE_MCA_prte_allowed_exit_without_sync=1
+# Every job of the run recoverable, the replacements a repair spawns (tft.arf) too: `--with-ft ulfm` makes
+# only the launched job so, and Open MPI's runtime then tore down a spawned job whole when one of its processes
+# died (several ranks replaced at once, e.g. a lost node, then one of them failing), and the survivors hung.
+export PRTE_MCA_state_base_recoverable=1
