@@ -7,6 +7,7 @@ import re
 import pytest
 
 from conftest import ROOT, launch, mpirun
+from dsim.ft.hang import HEARTBEAT
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
 
 pytestmark = pytest.mark.e2e
@@ -21,7 +22,9 @@ def frozen_then_killed(job, rank, step):
     assert (froze["kind"], froze["rank"], froze["global_step"]) == ("hang", rank, step)
     # the step of the watch that killed it: frozen inside an update, the others may have finished that step
     assert (hang["rank"], hang["timeout"]) == (rank, TIMEOUT) and hang["global_step"] in (step, step + 1)
-    assert TIMEOUT <= hang["time"] - froze["time"] < TIMEOUT + 10, (froze, hang)
+    # killed once its last heartbeat (up to HEARTBEAT before it froze) is older than the timeout
+    assert hang["frozen_for"] >= TIMEOUT and TIMEOUT - HEARTBEAT <= hang["time"] - froze["time"] < TIMEOUT + 10, \
+        (froze, hang)
     return hang
 
 
