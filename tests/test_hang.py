@@ -67,10 +67,10 @@ def test_a_frozen_rank_is_killed_and_no_other(tmp_path, capfd):
 def test_a_stall_with_every_rank_running_is_only_reported(tmp_path, capfd):
     other = start(tmp_path, 1, 2)
     try:
-        watch = HangWatch(0.6, tmp_path)
+        watch = HangWatch(1.5, tmp_path)  # (longer than a live heartbeat can lag on a loaded machine)
         watch.begin(context(0, 2))
         watch.step_begin(context(0, 2, step=2))
-        time.sleep(2.0)
+        time.sleep(3.5)
         watch.step_end(context(0, 2, step=3))
         watch.end(context(0, 2))
         out = capfd.readouterr().out
