@@ -87,26 +87,33 @@ class HangWatch(Callback):
 
     # -- the thread ---------------------------------------------------------------------------------------
     def _run(self):
+        warned = False
         while not self._stop.wait(HEARTBEAT):
-            now = time.time()
-            self._beat(now)
-            since = self.since
-            if since is not None and not self.judged and now - since > self.timeout:
-                self.judged = True
-                self._judge(now)
+            try:
+                now = time.time()
+                self._beat(now)
+                since = self.since
+                if since is not None and not self.judged and now - since > self.timeout:
+                    self.judged = True
+                    self._judge(now, since)  # (self.since may be cleared meanwhile: the step ended)
+            except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
+                if not warned:
+                    say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")
+                    warned = True
 
     def _beat(self, now: float) -> None:
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
                              "world_size": self.world_size, "step": self.step, "time": now})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
 
-    def _judge(self, now: float) -> None:
-        """This rank's step has gone on past the timeout: kill the frozen processes of its world, if any."""
+    def _judge(self, now: float, since: float) -> None:
+        """This rank's step, begun at `since`, has gone on past the timeout: kill the frozen processes of its
+        world, if any."""
         frozen = find_frozen(self.dir, self.world_size, now, self.timeout)
-        if not frozen and killed_since(self.dir, self.since):
+        if not frozen and killed_since(self.dir, since):
             return  # another rank's watch found the frozen one first: its death is on its way here
         if not frozen:
-            say(f"dsim: hang watch: rank {self.rank}: step {self.step} has gone on for {now - self.since:.0f} s; "
+            say(f"dsim: hang watch: rank {self.rank}: step {self.step} has gone on for {now - since:.0f} s; "
                 "every rank's process is running (slow, or stuck but alive): waiting")
             return
         for record in frozen:
