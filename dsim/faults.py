@@ -314,6 +314,11 @@ def started(pid: int) -> Optional[int]:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def same_process(pid: int, start: Optional[int]) -> bool:
+    """Whether process pid still runs and is the one started at `start` (started()), not a later one given its pid."""
+    return start is not None and started(pid) == start
+
+
 def kill_registered(plan, ranks: list, world_size, wait: float = 5.0) -> list[int]:
     """SIGKILL the processes holding `ranks` of the world_size training (the registry); the ranks killed.
     A registration of a process that has ended, or of another world (before an elastic shrink), is one the
@@ -326,7 +331,7 @@ def kill_registered(plan, ranks: list, world_size, wait: float = 5.0) -> list[in
             except (OSError, ValueError):
                 continue
             if (reg.get("world_size") != world_size or reg["pid"] == os.getpid()
-                    or reg["started"] is None or started(reg["pid"]) != reg["started"]):
+                    or not same_process(reg["pid"], reg["started"])):
                 continue
             try:
                 os.kill(reg["pid"], signal.SIGKILL)

@@ -452,8 +452,8 @@ def test_the_report_says_which_nodes_hold_every_copy_of_some_slices():
     from dsim.campaign.__main__ import node_loss
     begin = [{"event": "train_begin", "time": 0.0,
               "layout": {"data_parallel": 2, "model_parallel": 2, "optimizer_shard": 1, "pipeline_stage": 2}}]
-    assert [x["fatal_sets"] for x in node_loss(begin, 4).nodes(4)] == [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
-    assert node_loss([], 4) is None
+    assert [x["fatal_sets"] for x in node_loss(begin).nodes(4)] == [[[0, 2], [1, 3]], [[4, 6], [5, 7]]]
+    assert node_loss([]) is None
 
 
 def test_the_what_if_takes_the_recoveries_of_rank_failures_not_of_rollbacks():

@@ -130,7 +130,7 @@ def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
             "costs": costs, "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice)}
 
 
-def node_loss(events: list, node_size: int):
+def node_loss(events: list):
     """The survivability of the measured job's layout (its replica sets), for the nodes a `node` failure loses;
     None when the fault-free run logged no layout."""
     begin = next((e for e in events if e["event"] == "train_begin" and e.get("layout")), None)
@@ -207,7 +207,7 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
         lines += ["", f"what-if at scale (no MPI; per-rank MTBF {args_time(rank_mtbf)}, first-order model from the "
                       "costs above): expected goodput and periodic interval"]
         lines += report.scale_lines(doc["what_if"]["rows"], args_time(rank_mtbf))
-        survival = node_loss(events_of.get(ref["dir"], []), s.ranks_per_node) if "node" in s.kinds else None
+        survival = node_loss(events_of.get(ref["dir"], [])) if "node" in s.kinds else None
         if survival is not None:
             doc["node_loss"] = survival.nodes(s.ranks_per_node)
             lines += ["", f"a lost node ({s.ranks_per_node} ranks; the last gasp and the repair in the job need a "

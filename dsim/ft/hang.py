@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine.callbacks import Callback, event, say
-from ..faults import started
+from ..faults import same_process, started
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
@@ -152,7 +152,7 @@ def find_frozen(directory, world_size: int, now: float, timeout: float) -> list[
     seconds and are still running as the same process (a dead one's record is not a hang)."""
     return [r for r in heartbeats(directory)
             if r.get("world_size") == world_size and r.get("pid") != os.getpid() and now - r["time"] > timeout
-            and r.get("started") is not None and started(r["pid"]) == r["started"]]
+            and same_process(r["pid"], r.get("started"))]
 
 
 def claim(directory, record: dict) -> bool:
@@ -182,11 +182,11 @@ def forget_the_dead(directory) -> None:
         try:
             if path.name.startswith("killed-"):
                 pid, when = path.name.split("-")[1:3]
+                when = None if when == "None" else int(when)
             else:
                 record = json.loads(path.read_bytes().decode().strip())
                 pid, when = record["pid"], record["started"]
-            now = started(int(pid))
-            if now is None or str(now) != str(when):
+            if not same_process(int(pid), when):
                 path.unlink(missing_ok=True)
         except (OSError, ValueError, KeyError, UnicodeDecodeError):
             continue
