@@ -294,8 +294,8 @@ def validate(cfg: Config) -> None:
     if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h > 0):
         raise ConfigError(f"config: tft.hang_timeout must be a number of seconds > 0 (or null: off), got {h!r}")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce", "hang", "sdc", "plan"):
-        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, sdc or plan, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce", "hang", "stuck", "sdc", "plan"):
+        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, stuck, sdc or plan, got {f.kind!r}")
     if f.kind == "plan" and not Path(os.environ.get("DSIM_FAULT_PLAN") or "/nonexistent/").is_file():
         raise ConfigError("config: fault.kind plan needs $DSIM_FAULT_PLAN, a fault plan file (python -m dsim.campaign "
                           f"writes one), got {os.environ.get('DSIM_FAULT_PLAN')!r}")
@@ -312,6 +312,9 @@ def validate(cfg: Config) -> None:
     from .faults import POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
+    if f.kind == "stuck" and f.at not in ("forward", "allreduce", "update"):
+        raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation: fault.at must be forward, "
+                          f"allreduce or update, got {f.at!r}")
     if f.kind and f.kind != "plan" and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     from .data.factory import NAMES as DATASETS, TOKEN_DATASETS

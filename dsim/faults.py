@@ -1,10 +1,12 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill | uce | hang | sdc, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce | hang | stuck | sdc, rank: R, step: N, epoch: E, at: POINT}`
 - kind sdc: one bit of one of rank R's parameters flips, and nothing reports it (silent data corruption;
   tft.sdc_check_every finds it by comparing replicas: dsim.ft.sdc);
 - kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
   collective (until tft.hang_timeout's watch kills it: dsim.ft.hang);
+- kind stuck: rank R's training stops while its process runs (its main thread sleeps for ever, its threads
+  go on: a deadlock, a read that never returns); at forward, allreduce or update only (found by the same watch);
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
   become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
@@ -20,7 +22,7 @@ a list of steps as long as it, each rank fires at its own step (rank: [0, 5], st
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | sdc, at: forward | allreduce | update} fires
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
 at or after `time` (Unix seconds); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
 (with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
@@ -153,6 +155,8 @@ class FaultInjector(Callback):
         if self.kind == "hang":
             freeze(f"dsim: fault: rank {self.my_rank} stops (SIGSTOP) {where}")
             return  # continued (SIGCONT): the step goes on
+        if self.kind == "stuck":
+            stall(f"dsim: fault: rank {self.my_rank} is stuck (its training stops, its process runs) {where}")
         if self.kind == "sdc":
             say(f"dsim: fault: rank {self.my_rank}: a bit of {flip_bit(self.optimizer, self.my_rank)} flips, "
                 f"silently, {where}")
@@ -191,6 +195,14 @@ def freeze(message: str) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def stall(message: str) -> None:
+    """Say why and never return: the main thread waits for ever while every other thread of the process runs (a
+    deadlock, a read from a dead file system), until something kills the process (tft.hang_timeout: dsim.ft.hang)."""
+    say(message)
+    while True:
+        time.sleep(3600)
+
+
 def during_last_gasp(rank: int, global_step: int) -> None:
     """Called half-way through a survivor's last-gasp writes: the configured second failure strikes here."""
     f = _armed
@@ -225,7 +237,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "sdc")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc")
 PLAN_POINTS = ("forward", "allreduce", "update")
 
 
@@ -275,6 +287,8 @@ class FaultPlan:
             if f["kind"] == "hang":
                 freeze(f"dsim: fault: rank {self.rank} stops (SIGSTOP) {where}")
                 return
+            if f["kind"] == "stuck":
+                stall(f"dsim: fault: rank {self.rank} is stuck (its training stops, its process runs) {where}")
             if f["kind"] == "sdc":
                 say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
                 return

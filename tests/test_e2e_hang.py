@@ -1,6 +1,7 @@
-"""A frozen rank end to end (`fault.kind: hang`: the rank SIGSTOPs itself): without `tft.hang_timeout` MPI would
-wait for it forever; with it the hang watch kills it, and what follows is what follows a death: the last gasp
-and a resume bit-identical to an uninterrupted run, or the repair in the job by a warm spare.
+"""A frozen rank end to end (`fault.kind: hang`: the rank SIGSTOPs itself), and a stuck one (`fault.kind: stuck`:
+its training stops, its process runs): without `tft.hang_timeout` MPI would wait for either forever; with it the
+hang watch kills it, and what follows is what follows a death: the last gasp and a resume bit-identical to an
+uninterrupted run, or the repair in the job by a warm spare.
 Every mpirun has a timeout (conftest.run_command kills the whole group, a stopped process too)."""
 import re
 
@@ -21,7 +22,7 @@ def frozen_then_killed(job, rank, step):
     hang, = events(job, "hang")
     assert (froze["kind"], froze["rank"], froze["global_step"]) == ("hang", rank, step)
     # the step of the watch that killed it: frozen inside an update, the others may have finished that step
-    assert (hang["rank"], hang["timeout"]) == (rank, TIMEOUT) and hang["global_step"] in (step, step + 1)
+    assert (hang["rank"], hang["how"], hang["timeout"]) == (rank, "frozen", TIMEOUT) and hang["global_step"] in (step, step + 1)
     # killed once its last heartbeat (up to HEARTBEAT before it froze) is older than the timeout
     assert hang["frozen_for"] >= TIMEOUT and TIMEOUT - HEARTBEAT <= hang["time"] - froze["time"] < TIMEOUT + 10, \
         (froze, hang)
@@ -36,13 +37,40 @@ def test_a_frozen_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_ident
     assert "dsim: fault: rank 3 stops (SIGSTOP) during the forward of step 13" in crash.stdout
     assert re.search(r"dsim: hang watch: rank 3 \(pid \d+\) has not run for \d+\.\d s \(step 13, timeout 3 s\): "
                      r"killed \(SIGKILL\), as a failed rank", crash.stdout), crash.stdout
-    assert "every rank's process is running" not in crash.stdout  # the other watches saw it killed
+    assert "no rank's process is frozen or stuck" not in crash.stdout  # the other watches saw it killed
     errors = error_lines(crash)
     assert len(errors) == 1 and errors[0].startswith(
         "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
     frozen_then_killed(tmp_path, 3, 13)
     gasp, = events(tmp_path, "last_gasp_saved")
     assert gasp["failed"] == [3] and gasp["global_step"] == 12
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[12:]  # steps 13..20, bit for bit
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_stuck_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_identical(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", *WATCH]
+    crash = mpirun(8, [*opts, *fault("stuck", 5, "allreduce", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1, crash.stderr
+    assert "dsim: fault: rank 5 is stuck (its training stops, its process runs) during the allreduce of step 13" \
+        in crash.stdout
+    # the others wait for it inside the gradient all-reduce; it alone is outside, its heartbeat going on
+    assert re.search(r"dsim: hang watch: rank 5 \(pid \d+\) is stuck: its process runs, its step has made no "
+                     r"progress outside a collective for \d+\.\d s \(step 13, timeout 3 s\): killed \(SIGKILL\), "
+                     r"as a failed rank", crash.stdout), crash.stdout
+    assert "no rank's process is frozen or stuck" not in crash.stdout
+    stuck, = events(tmp_path, "fault")
+    hang, = events(tmp_path, "hang")
+    assert (stuck["kind"], stuck["rank"], stuck["global_step"]) == ("stuck", 5, 13)
+    assert (hang["rank"], hang["how"], hang["global_step"], hang["timeout"]) == (5, "stuck", 13, TIMEOUT)
+    # killed once its own measure of its stall, beaten every HEARTBEAT, is past the timeout
+    assert hang["frozen_for"] > TIMEOUT and TIMEOUT <= hang["time"] - stuck["time"] < TIMEOUT + 10, (stuck, hang)
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 5 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
 
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
     assert LOSS.findall(proc.stdout) == ref_losses[12:]  # steps 13..20, bit for bit

@@ -1,5 +1,7 @@
 """The hang watch (dsim.ft.hang) on real processes: a frozen one (SIGSTOP) is found by its stopped heartbeat
-and killed; a running one, a dead one and one of another world are not."""
+and killed, and so is a stuck one (it beats, but its step makes no progress outside a collective); a running
+one, a waiting one, a dead one and one of another world are not."""
+import json
 import os
 import signal
 import subprocess
@@ -11,16 +13,30 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.faults import started
-from dsim.ft.hang import HangWatch, find_frozen, forget_the_dead, heartbeats
+from dsim.ft.hang import HangWatch, find_frozen, find_stuck, forget_the_dead, heartbeats
+from dsim.parallel import progress
 
 BEATING = """
 import sys, time
 from types import SimpleNamespace
 from dsim.ft.hang import HangWatch
+from dsim.parallel import progress
 watch = HangWatch(600, sys.argv[1])
 watch.begin(SimpleNamespace(original_args=lambda: SimpleNamespace(rank=int(sys.argv[2]), world_size=int(sys.argv[3]))))
 print("up", flush=True)
-time.sleep(120)
+doing = sys.argv[4]
+if doing == "idle":        # between steps
+    time.sleep(120)
+watch.step_begin(SimpleNamespace(original_args=lambda: SimpleNamespace(cur_step_num=8)))  # step 9
+with progress.step():
+    if doing == "stuck":   # in its step, no progress: a deadlock
+        time.sleep(120)
+    if doing == "waiting":  # in its step, inside a collective (for the stuck one)
+        with progress.waiting():
+            time.sleep(120)
+    while doing == "busy":  # in its step, a layer every 0.2 s (slow, but going on)
+        time.sleep(0.2)
+        progress.tick()
 """
 
 
@@ -28,8 +44,8 @@ def context(rank, world_size, step=0):
     return SimpleNamespace(original_args=lambda: SimpleNamespace(rank=rank, world_size=world_size, cur_step_num=step))
 
 
-def start(tmp_path, rank, world_size):
-    p = subprocess.Popen([sys.executable, "-c", BEATING, str(tmp_path), str(rank), str(world_size)],
+def start(tmp_path, rank, world_size, doing="idle"):
+    p = subprocess.Popen([sys.executable, "-c", BEATING, str(tmp_path), str(rank), str(world_size), doing],
                          stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "up"
     return p
@@ -64,13 +80,76 @@ def test_a_frozen_rank_is_killed_and_no_other(tmp_path, capfd):
             p.wait()
 
 
+def test_a_stuck_rank_is_killed_and_no_waiting_or_busy_one(tmp_path, capfd):
+    procs = {}
+    try:
+        procs = {doing: start(tmp_path, rank, 5, doing) for rank, doing in enumerate(["waiting", "stuck", "busy", "idle"], 1)}
+        stuck_since = started(procs["stuck"].pid)
+        watch = HangWatch(1.5, tmp_path)
+        watch.begin(context(0, 5))
+        watch.step_begin(context(0, 5, step=8))  # step 9 begins, and stalls
+        try:
+            assert procs["stuck"].wait(timeout=15) == -signal.SIGKILL
+        finally:
+            watch.end(context(0, 5))
+        out = capfd.readouterr().out
+        assert (f"hang watch: rank 2 (pid {procs['stuck'].pid}) is stuck: its process runs, its step has made no "
+                "progress outside a collective for") in out and "(step 9, timeout 1.5 s)" in out, out
+        assert all(p.poll() is None for doing, p in procs.items() if doing != "stuck")
+        killed, = (tmp_path / "heartbeats").glob("killed-*")
+        assert killed.name == f"killed-{procs['stuck'].pid}-{stuck_since}"
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_stuck_is_judged_by_the_process_own_measure_of_its_stall(tmp_path):
+    beats = tmp_path / "beats"
+    beats.mkdir()
+    now = time.time()
+
+    def beat(pid, stalled, age=0.2, world_size=4):
+        record = {"pid": pid, "started": started(pid), "rank": 1, "world_size": world_size, "step": 3,
+                  "time": now - age, "stalled": stalled}
+        (beats / str(pid)).write_text(json.dumps(record))
+
+    me = os.getpid()
+    beat(me, 9.0)                        # this process's own: never judged by itself
+    beat(os.getppid(), 2.5)              # stalled past the timeout: stuck
+    assert [r["pid"] for r in find_stuck(beats, 4, now, 2.0)] == [os.getppid()]
+    beat(os.getppid(), 1.5)              # not yet
+    beat(os.getppid(), None)             # waiting, or between steps
+    assert find_stuck(beats, 4, now, 2.0) == []
+    beat(os.getppid(), 2.5, world_size=8)  # another world's
+    assert find_stuck(beats, 4, now, 2.0) == []
+    beat(os.getppid(), 2.5, age=3.0)     # its heartbeat is old: frozen, not stuck
+    assert find_stuck(beats, 4, now, 2.0) == [] and [r["pid"] for r in find_frozen(beats, 4, now, 2.0)] == [os.getppid()]
+
+
+def test_progress_knows_computing_from_waiting():
+    assert progress.stalled_for(time.monotonic()) is None  # between steps
+    with progress.step():
+        t = time.monotonic()
+        assert 0 <= progress.stalled_for(t) < 1
+        assert progress.stalled_for(t + 5) >= 5
+        with progress.waiting():
+            assert progress.stalled_for(t + 5) is None
+            with progress.waiting():  # nested
+                pass
+            assert progress.stalled_for(t + 5) is None
+        progress.tick()
+        assert progress.stalled_for(time.monotonic()) < 1
+    assert progress.stalled_for(time.monotonic() + 5) is None and progress.waits == 0
+
+
 def test_a_stall_with_every_rank_running_is_only_reported(tmp_path, capfd):
     other = start(tmp_path, 1, 2)
     try:
         watch = HangWatch(1.5, tmp_path)  # (longer than a live heartbeat can lag on a loaded machine)
         watch.begin(context(0, 2))
         watch.step_begin(context(0, 2, step=2))
-        time.sleep(3.5)
+        time.sleep(4.5)  # said once the step has gone on for twice the timeout
         watch.step_end(context(0, 2, step=3))
         watch.end(context(0, 2))
         out = capfd.readouterr().out
@@ -106,6 +185,13 @@ def test_a_hang_timeout_is_seconds(value, message):
     with pytest.raises(ConfigError, match=f"config: tft.hang_timeout {message}"):
         load_config(None, [f"tft.hang_timeout={value}"])
     assert load_config(None, ["tft.hang_timeout=2.5"]).tft.hang_timeout == 2.5
+
+
+def test_a_stuck_fault_strikes_inside_a_step():
+    with pytest.raises(ConfigError, match="config: fault.kind stuck strikes inside a step's computation: fault.at must "
+                                          "be forward, allreduce or update, got 'step_end'"):
+        load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", "fault.at=step_end"])
+    assert load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", "fault.at=update"]).fault.kind == "stuck"
 
 
 def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):

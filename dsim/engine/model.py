@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import faults
 from ..parallel.buckets import GradientBuckets
+from ..parallel import progress
 from ..parallel.groups import Groups, watch
 from .callbacks import RunContext
 
@@ -225,7 +226,8 @@ class Model:
                 _call(callbacks, "epoch_begin", ctx)
             cb.lr = self.optimizer.current_lr()
             _call(callbacks, "step_begin", ctx)
-            cb.net_outputs = self.train_step(images, labels)
+            with progress.step():  # its progress watched (tft.hang_timeout: dsim.ft.hang)
+                cb.net_outputs = self.train_step(images, labels)
             cb.cur_step_in_epoch, cb.cur_step_num = step + 1, cb.cur_step_num + 1
             if self.recovery is not None:
                 self.recovery.step_finished(cb.cur_step_num)

@@ -1,20 +1,26 @@
-"""A frozen rank made a dead one: the hang watch (`tft.hang_timeout: S`).
+"""A frozen or stuck rank made a dead one: the hang watch (`tft.hang_timeout: S`).
 
 A rank that stops running (SIGSTOP, a process stuck in the kernel on a dead device or file system, a
 deadlock inside the interpreter) is neither dead nor alive to MPI: nothing fails, and the other ranks wait
-for it in their next collective forever. NCCL's and HCCL's timeouts (HCCL_EXEC_TIMEOUT) end the whole job
-then; dsim instead finds the frozen process and kills it, so that what follows is what follows a death: the
-last gasp, the repair in the job, or the end of the job and a restart.
+for it in their next collective forever. So is a rank whose process runs but whose training does not (its
+main thread in a deadlock, a read that never returns, a loop that never ends). NCCL's and HCCL's timeouts
+(HCCL_EXEC_TIMEOUT) end the whole job then; dsim instead finds that process and kills it, so that what
+follows is what follows a death: the last gasp, the repair in the job, or the end of the job and a restart.
 
 Each training process writes a heartbeat from a thread every HEARTBEAT seconds to
-<output.dir>/heartbeats/<pid>: its rank, the world size, the step it is in, its start time and the time.
-A frozen process's threads are frozen with it, so its heartbeat stops; a process blocked in a collective, or
-busy saving, keeps beating (MPI calls and file writes release the interpreter). When this rank's step has
-gone on for more than the timeout, its watch reads the others' heartbeats: a process of the same world
-whose heartbeat is older than the timeout, and which is still that process (pid and start time), is frozen,
-and is sent SIGKILL. Every rank's watch may see it; one, the first to claim it, reports it (a `hang` event
-and a line). A rank alive but stuck (its threads run while its work does not) is not judged: the job waits
-for it, as MPI does, and the watch says so once a step.
+<output.dir>/heartbeats/<pid>: its rank, the world size, the step it is in, its start time, the time, and
+where its main thread is (dsim.parallel.progress): for how long it has computed its step outside every
+collective with no sign of progress (a layer, a collective entered or left), or null (between steps, or
+waiting in a collective). When this rank's step has gone on for more than the timeout, its watch reads the
+others' heartbeats and kills (SIGKILL) a process of the same world, still that process (pid and start time):
+- frozen: its heartbeat is older than the timeout (its threads are frozen with it; a process blocked in a
+  collective, or busy saving, keeps beating: MPI calls and file writes release the interpreter);
+- stuck: it beats, but has made no progress outside every collective for more than the timeout, inside
+  its step's computation, while this rank waits (every rank waiting for it is inside a collective).
+Every rank's watch may see it; one, the first to claim it, reports it (a `hang` event and a line). When
+nobody is frozen or stuck (a slow step, or every rank inside a collective, or one stuck outside its step's
+computation, saving or between steps), the job waits, as MPI does, and the watch says so once the step has
+gone on for twice the timeout (looking again at every heartbeat: a rank stuck later in the step is found).
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from typing import Optional
 
 from ..engine.callbacks import Callback, event, say
 from ..faults import same_process, started
+from ..parallel import progress
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
@@ -43,7 +50,7 @@ class HangWatch(Callback):
         self.rank = self.world_size = None
         self.step = 0
         self.since: Optional[float] = None  # when the step in progress began (None: between steps)
-        self.judged = False                  # this step's stall was looked into already
+        self.judged = False                  # this step's stall was reported already
         self._stop = threading.Event()
         self._thread = self._fd = None
 
@@ -93,8 +100,7 @@ class HangWatch(Callback):
                 now = time.time()
                 self._beat(now)
                 since = self.since
-                if since is not None and not self.judged and now - since > self.timeout:
-                    self.judged = True
+                if since is not None and now - since > self.timeout:
                     self._judge(now, since)  # (self.since may be cleared meanwhile: the step ended)
             except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
                 if not warned:
@@ -102,31 +108,47 @@ class HangWatch(Callback):
                     warned = True
 
     def _beat(self, now: float) -> None:
+        stalled = progress.stalled_for(time.monotonic())
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
-                             "world_size": self.world_size, "step": self.step, "time": now})
+                             "world_size": self.world_size, "step": self.step, "time": now,
+                             "stalled": None if stalled is None else round(stalled, 3)})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
 
     def _judge(self, now: float, since: float) -> None:
-        """This rank's step, begun at `since`, has gone on past the timeout: kill the frozen processes of its
-        world, if any."""
+        """This rank's step, begun at `since`, has gone on past the timeout: kill the frozen and the stuck
+        processes of its world, if any."""
         frozen = find_frozen(self.dir, self.world_size, now, self.timeout)
-        if not frozen and killed_since(self.dir, since):
-            return  # another rank's watch found the frozen one first: its death is on its way here
-        if not frozen:
+        stuck = find_stuck(self.dir, self.world_size, now, self.timeout)
+        if not frozen and not stuck and killed_since(self.dir, since):
+            return  # another rank's watch found it first: its death is on its way here
+        if not frozen and not stuck:
+            if self.judged or now - since <= 2 * self.timeout:
+                return  # looked again at every heartbeat (a stuck rank's stall grows); said once, later
+            self.judged = True
             say(f"dsim: hang watch: rank {self.rank}: step {self.step} has gone on for {now - since:.0f} s; "
-                "every rank's process is running (slow, or stuck but alive): waiting")
+                "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting")
             return
-        for record in frozen:
+        for record in frozen + stuck:
             try:
                 os.kill(record["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 continue
             if claim(self.dir, record):  # the first watch to kill it reports it
-                ago = now - record["time"]
-                event("hang", any_rank=True, rank=record["rank"], frozen_for=round(ago, 3), global_step=self.step,
-                      by=self.rank, timeout=self.timeout)
-                say(f"dsim: hang watch: rank {record['rank']} (pid {record['pid']}) has not run for {ago:.1f} s "
-                    f"(step {self.step}, timeout {self.timeout:g} s): killed (SIGKILL), as a failed rank")
+                self._report(record, now, "stuck" if record in stuck else "frozen")
+
+    def _report(self, record: dict, now: float, how: str) -> None:
+        if how == "frozen":
+            ago = now - record["time"]
+            what = f"has not run for {ago:.1f} s"
+        else:
+            ago = record["stalled"] + now - record["time"]
+            what = f"is stuck: its process runs, its step has made no progress outside a collective for {ago:.1f} s"
+        # a stuck rank's own step (it may be a step behind the others); a frozen one's last beat may be steps old
+        step = record["step"] if how == "stuck" else self.step
+        event("hang", any_rank=True, rank=record["rank"], how=how, frozen_for=round(ago, 3), global_step=step,
+              by=self.rank, timeout=self.timeout)
+        say(f"dsim: hang watch: rank {record['rank']} (pid {record['pid']}) {what} (step {step}, "
+            f"timeout {self.timeout:g} s): killed (SIGKILL), as a failed rank")
 
 
 def leave() -> None:
@@ -153,6 +175,15 @@ def find_frozen(directory, world_size: int, now: float, timeout: float) -> list[
     return [r for r in heartbeats(directory)
             if r.get("world_size") == world_size and r.get("pid") != os.getpid() and now - r["time"] > timeout
             and same_process(r["pid"], r.get("started"))]
+
+
+def find_stuck(directory, world_size: int, now: float, timeout: float) -> list[dict]:
+    """The heartbeats of running processes of a world of `world_size` whose main thread, at their last beat,
+    had computed its step outside every collective with no sign of progress for more than `timeout` seconds
+    (their own measure, at most HEARTBEAT old: a process that moved on since then has beaten since)."""
+    return [r for r in heartbeats(directory)
+            if r.get("world_size") == world_size and r.get("pid") != os.getpid() and now - r["time"] <= timeout
+            and (r.get("stalled") or 0) > timeout and same_process(r["pid"], r.get("started"))]
 
 
 def claim(directory, record: dict) -> bool:

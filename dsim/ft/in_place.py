@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 from ..checkpoint.group_info import group_info
 from ..engine.callbacks import event, say
+from ..parallel import progress
 from .wrapper import IN_PROGRESS
 
 REQUEST, ANSWER, DATA = 0x1C00, 0x1C01, 0x1C10  # tags on the world; buffer i goes with tag DATA + i
@@ -65,6 +66,10 @@ class InPlace:
         if not self.applies(point):
             self.declined = "not here"
             return False
+        with progress.waiting():  # waiting for the replica (the hang watch tells it from a stuck rank)
+            return self._repair(point)
+
+    def _repair(self, point: str) -> bool:
         t0 = time.time()
         world, opt, layout = self.run.groups.world, self.run.optimizer, self.run.groups.layout
         me, step = world.rank, opt.global_step

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from .. import aligned
+from ..parallel import progress
 from ..parallel.groups import allgather_axis0_inplace
 from .schedule import LRSchedule
 
@@ -67,8 +68,9 @@ class Optimizer:
         """
         if self._holds:  # a reader of the arrays not done yet (an async save's snapshot copy)
             t0 = time.perf_counter()
-            while self._holds:
-                self._holds.pop().wait()
+            with progress.waiting():
+                while self._holds:
+                    self._holds.pop().wait()
             self.held.append(time.perf_counter() - t0)
         lr = self.current_lr()
         for i, p in enumerate(self.params):

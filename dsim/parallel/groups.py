@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import shared
+from . import progress, shared
 from .chunks import chunk_bounds, sum_in_order
 from .layout import ParallelLayout
 
@@ -68,7 +68,8 @@ def check_revoked() -> None:
     communicator the failure does not touch (for instance a model-parallel group without the failed rank),
     which can be a whole forward and backward later. Local and cheap (MPIX_Comm_is_revoked). Where a UCE
     can be repaired in place, a damaged replica's request is answered here too (an MPI_Iprobe at most every
-    10 ms: dsim.ft.in_place)."""
+    10 ms: dsim.ft.in_place). A sign of this rank's progress (dsim.parallel.progress)."""
+    progress.tick()
     if _watched is not None:
         if _watched.Is_revoked():
             from mpi4py import MPI
@@ -96,12 +97,13 @@ def _collective(comm, name: str, *args) -> None:
     data moves, so the same bits). Once it is done every rank of the group is past its forward pass, so the
     later ones (and every model-parallel sum: that group never holds a rank's replica) stay blocking."""
     global _serving
-    if _serve is None or comm is not _serving:
-        getattr(comm, name)(*args)
-        return
-    request = getattr(comm, "I" + name[0].lower() + name[1:])(*args)
-    while not request.Test():
-        check_revoked()
+    with progress.waiting():
+        if _serve is None or comm is not _serving:
+            getattr(comm, name)(*args)
+            return
+        request = getattr(comm, "I" + name[0].lower() + name[1:])(*args)
+        while not request.Test():
+            check_revoked()
     _serving = None
 
 
@@ -180,7 +182,8 @@ def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
         return local
     local = np.ascontiguousarray(local)
     out = np.empty((comm.size * local.shape[0],) + local.shape[1:], dtype=local.dtype)
-    comm.Allgather(local, out)
+    with progress.waiting():
+        comm.Allgather(local, out)
     return out
 
 
@@ -190,7 +193,8 @@ def allgather_axis0_inplace(comm, full: np.ndarray) -> None:
     if comm.size == 1:
         return
     from mpi4py import MPI
-    comm.Allgather(MPI.IN_PLACE, full)
+    with progress.waiting():
+        comm.Allgather(MPI.IN_PLACE, full)
 
 
 def _mpi_type(a: np.ndarray):

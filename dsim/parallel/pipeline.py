@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import progress
 from .groups import before_forward
 
 SCHEDULES = ("1f1b", "gpipe")
@@ -95,7 +96,7 @@ class Pipeline:
         kept, douts, requests, loss, done = {}, {}, [], 0.0, 0
         for op, j in self.ops:
             if op == "F":
-                x = self.network.prepare(xs[j]) if self.first else world.recv(source=self.previous, tag=2 * j)
+                x = self.network.prepare(xs[j]) if self.first else _receive(world, self.previous, 2 * j)
                 for unit in self.units:
                     x = unit.forward(x, xs[j], mp_comm)
                 if self.last:
@@ -107,7 +108,7 @@ class Pipeline:
                 if halfway is not None and j == 0:
                     halfway()
             else:
-                dy = douts.pop(j) if self.last else world.recv(source=self.next, tag=2 * j + 1)
+                dy = douts.pop(j) if self.last else _receive(world, self.next, 2 * j + 1)
                 _restore(kept.pop(j))
                 for i in range(len(self.units) - 1, -1, -1):
                     dy = self.units[i].backward(dy, mp_comm, need_dx=not (self.first and i == 0))
@@ -115,8 +116,9 @@ class Pipeline:
                     requests.append(world.isend(dy, dest=self.previous, tag=2 * j + 1))
                 self._accumulate(grads, done)
                 done += 1
-        for r in requests:
-            r.wait()
+        with progress.waiting():
+            for r in requests:
+                r.wait()
         return loss
 
     def _accumulate(self, grads: np.ndarray, done: int) -> None:
@@ -138,5 +140,12 @@ class Pipeline:
             return loss
         from mpi4py import MPI
         self._loss[0] = loss
-        world.Bcast([self._loss, MPI.DOUBLE], root=(self.stages - 1) * (world.size // self.stages))
+        with progress.waiting():
+            world.Bcast([self._loss, MPI.DOUBLE], root=(self.stages - 1) * (world.size // self.stages))
         return float(self._loss[0])
+
+
+def _receive(world, source: int, tag: int):
+    """The activation or gradient the neighbouring stage sends (waiting for it is waiting in a collective)."""
+    with progress.waiting():
+        return world.recv(source=source, tag=tag)

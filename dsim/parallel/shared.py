@@ -30,6 +30,7 @@ import os
 
 import numpy as np
 
+from . import progress
 from .chunks import chunk_bounds, sum_in_order
 
 # Larger sums go through MPI: copying them into the window costs more than it saves.
@@ -103,7 +104,8 @@ def _room(comm, nbytes: int) -> bool:
     except OSError:
         free = 0
     fits = np.array([free >= 2 * nbytes * comm.size], dtype=np.int32)
-    comm.Allreduce(MPI.IN_PLACE, fits, op=MPI.MIN)
+    with progress.waiting():
+        comm.Allreduce(MPI.IN_PLACE, fits, op=MPI.MIN)
     return bool(fits[0])
 
 
@@ -124,7 +126,8 @@ class _Window:
     def fence(self) -> None:
         """Every rank's stores before it are seen by every rank's loads after it."""
         self.win.Sync()
-        self.comm.Barrier()
+        with progress.waiting():
+            self.comm.Barrier()
         self.win.Sync()
 
     def free(self) -> None:
@@ -153,9 +156,10 @@ class SharedGroup:
             if nbytes >= self._no_room or not _room(self.comm, 2 * nbytes):
                 self._no_room = min(self._no_room, nbytes)
                 return False
-            if self._scratch is not None:
-                self._scratch.free()
-            self._scratch = _Window(self.comm, 2 * nbytes)
+            with progress.waiting():
+                if self._scratch is not None:
+                    self._scratch.free()
+                self._scratch = _Window(self.comm, 2 * nbytes)
             self._plans.clear()
         key = (nbytes, src.dtype, self._turn)
         self._turn ^= 1
