@@ -38,8 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks-per-node", type=int, default=4,
                    help="ranks a `node` failure kills together: ranks 0..N-1 are the first node (default 4)")
     p.add_argument("--hang-timeout", default="10s",
-                   help="with hang failures: tft.hang_timeout of every job, how long a step may go on before a "
-                        "frozen rank is killed (default 10s)")
+                   help="with hang or stuck failures: tft.hang_timeout of every job, how long a step may go on "
+                        "before a frozen or stuck rank is killed (default 10s)")
     p.add_argument("--sdc-check-every", type=int, default=10,
                    help="with sdc failures: tft.sdc_check_every of every job, steps between two comparisons of the "
                         "replicas (default 10)")
@@ -88,7 +88,7 @@ def settings_from(args) -> tuple:
         raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
                            args.ranks, args.spares, args.ranks_per_node,
-                           hang_timeout if "hang" in kinds else None,
+                           hang_timeout if {"hang", "stuck"} & set(kinds) else None,
                            args.sdc_check_every if "sdc" in kinds else None), rank_mtbf
 
 

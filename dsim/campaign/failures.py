@@ -31,7 +31,8 @@ class Failure:
     offset: float  # seconds after the combination's start
     rank: int      # the victim (a training rank)
     kind: str      # kill | uce | corrupt (a kill, and the victim's newest shard on disk damaged) | node (every
-                   # rank of the victim's node killed at once) | hang (the victim stops: SIGSTOP) | sdc (a bit flips)
+                   # rank of the victim's node killed at once) | hang (the victim stops: SIGSTOP) | stuck (the
+                   # victim's training stops, its process runs) | sdc (a bit flips)
     at: str        # the point of the step it strikes: forward | allreduce | update
 
 

@@ -58,7 +58,7 @@ class Settings:
     ranks: int = 8
     max_spares: int = 2
     ranks_per_node: int = 4  # the ranks a `node` failure kills together
-    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang` failures)
+    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang` or `stuck` failures)
     sdc_check_every: Optional[int] = None  # tft.sdc_check_every of every job (with `sdc` failures)
     tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
@@ -176,12 +176,12 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     d = s.out / name
     d.mkdir(parents=True)
     extra = ["fault.kind=plan", *strategy.settings]
-    if s.hang_timeout:  # a frozen rank is found and killed, then met as a dead one
+    if s.hang_timeout:  # a frozen or stuck rank is found and killed, then met as a dead one
         extra.append(f"tft.hang_timeout={s.hang_timeout:g}")
     if s.sdc_check_every:  # a flipped bit is found by comparing replicas, and rolled back in the job
         extra.append(f"tft.sdc_check_every={s.sdc_check_every}")
     if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
-        dead = sum(s.ranks_per_node if f.kind == "node" else f.kind in ("kill", "corrupt", "hang") for f in plan)
+        dead = sum(s.ranks_per_node if f.kind == "node" else f.kind in ("kill", "corrupt", "hang", "stuck") for f in plan)
         extra.append(f"tft.spares={min(s.max_spares, dead)}")
     start = time.time()
     end = start + s.duration
