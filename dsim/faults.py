@@ -24,7 +24,8 @@ while the survivors save.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
-at or after `time` (Unix seconds); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
+at or after `time` (Unix seconds; 0 if left out), and, with `step: N`, in global step N or later (a plan
+written by hand: {"faults": [{"rank": 1, "kind": "sdc", "at": "forward", "step": 9}, ...]}); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
 (with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
 ranks 0..n-1 the first node) dies at that moment, the victim SIGKILLing the others, then itself. For that, each
 process records its pid as its rank's in <plan>.ranks/ when it loads the plan. A fired entry is marked by a
@@ -258,15 +259,15 @@ class FaultPlan:
         mine = [(i, f) for i, f in enumerate(faults)
                 if (f["rank"] % world_size if world_size else f["rank"]) == rank and not fired_marker(path, i).exists()]
         register(path, rank, world_size)
-        return cls(path, rank, sorted(mine, key=lambda x: x[1]["time"]), world_size)
+        return cls(path, rank, sorted(mine, key=lambda x: x[1].get("time", 0)), world_size)
 
     def strike(self, point: str, global_step: int, injector: "FaultInjector") -> None:
         """Fire the first due entry set for this point, unless another process already did."""
         now = time.time()
         for n, (i, f) in enumerate(self.entries):
-            if f["time"] > now:
+            if f.get("time", 0) > now:
                 return
-            if f["at"] != point:
+            if f["at"] != point or f.get("step", 0) > global_step:
                 continue
             del self.entries[n]
             # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)

@@ -147,6 +147,20 @@ def test_a_due_entry_waits_for_its_point_and_time(tmp_path):
     assert not fired_marker(path, 0).exists() and len(plan.entries) == 1
 
 
+def test_a_plan_entry_with_a_step_waits_for_that_step(tmp_path):
+    from types import SimpleNamespace
+    path = tmp_path / "plan.json"  # written by hand: no time, a step
+    path.write_text(json.dumps({"faults": [{"rank": 0, "kind": "sdc", "at": "forward", "step": 9}]}))
+    w = np.zeros(8, dtype=np.float32)
+    injector = SimpleNamespace(optimizer=SimpleNamespace(params=[SimpleNamespace(name="w", data=w)]))
+    plan = FaultPlan.load(path, 0)
+    plan.strike("forward", 8, injector)
+    plan.strike("update", 9, injector)
+    assert not fired_marker(path, 0).exists() and not w.any()
+    plan.strike("forward", 9, injector)
+    assert fired_marker(path, 0).exists() and np.count_nonzero(w) == 1 and not plan.entries
+
+
 def test_fault_kind_plan_needs_the_plan_file(tmp_path, monkeypatch):
     monkeypatch.delenv("DSIM_FAULT_PLAN", raising=False)
     with pytest.raises(ConfigError, match=r"fault.kind plan needs \$DSIM_FAULT_PLAN"):

@@ -3,7 +3,10 @@ it): `tft.sdc_check_every` compares the replicas and finds it at the next check.
 back in the job to the newest committed checkpoint (compared before it was saved) and the job ends
 bit-identical to an uninterrupted run; with `tft.sdc_rollback: false` the job stops with one line naming the
 damaged replica(s), nothing is saved from the damaged state, and the resume is bit-identical.
-Every mpirun has a timeout."""
+A bit flipped and not yet found when a rank dies: the last gasp compares the replicas first and saves
+nothing from them. Every mpirun has a timeout."""
+import json
+
 import pytest
 
 from conftest import mpirun
@@ -55,5 +58,37 @@ def test_without_rollback_the_job_stops_and_the_resume_is_bit_identical(ft_refer
 
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0)
     assert "dsim: resumed from run/checkpoints/rank_0/network-1_7.h5" in proc.stdout, proc.stdout
+    assert LOSS.findall(proc.stdout) == ref_losses[7:]  # steps 8..20, bit for bit
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_last_gasp_is_not_saved_from_replicas_that_differ(ft_reference, tmp_path):
+    """A bit flips on rank 5 in step 9, and rank 2 dies in step 10, before the check at step 12: the survivors'
+    last gasp compares the replicas first, finds ranks 1 and 5 differ, and saves nothing (the damage went into
+    every replica's gradients); the resume goes back to the periodic checkpoint of step 7, bit-identically.
+    Saved, the damaged last gasp would be the newest checkpoint: resumed, found again, rolled back to."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"rank": 5, "kind": "sdc", "at": "forward", "step": 9},
+                                           {"rank": 2, "kind": "kill", "at": "update", "step": 10}]}))
+    opts = ["-m", "dsim.train", *OPTS, *CHECK, "--set", "tft.ttp=true"]
+    crash = mpirun(8, [*opts, "--set", "fault.kind=plan"], cwd=tmp_path, timeout=120, check=1, ft=True,
+                   env={"DSIM_FAULT_PLAN": str(plan)})
+    found, = events(tmp_path, "sdc")
+    assert found["at"] == "last_gasp" and found["global_step"] in (9, 10) and found["found"]
+    assert all(f["holders"] == [1, 5] and f["ranks"] == [1, 5] for f in found["found"])
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"dsim: error: rank(s) 2 failed; no last-gasp checkpoint: the replicas of {found['found'][0]['tensor']} on "
+        "ranks [1, 5] differ (either may be damaged)"), crash.stderr
+    assert errors[0].endswith("(silent data corruption since the last check: every replica may carry it through "
+                              "the gradients); resume (--resume auto) falls back to the last periodic checkpoint, "
+                              "compared before it was saved"), errors
+    assert not (tmp_path / "run" / "checkpoints" / "ttp_checkpoints").exists() or not list(
+        (tmp_path / "run" / "checkpoints" / "ttp_checkpoints").rglob("*.commit"))
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert "dsim: resumed from run/checkpoints/rank_0/network-1_7.h5" in proc.stdout, proc.stdout
+    assert "sdc" not in proc.stdout  # nothing damaged left
     assert LOSS.findall(proc.stdout) == ref_losses[7:]  # steps 8..20, bit for bit
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")

@@ -6,7 +6,7 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.faults import flip_bit
-from dsim.ft.sdc import SilentCorruption, differing, digests
+from dsim.ft.sdc import SilentCorruption, differing, differing_in_sets, digests
 
 
 def test_the_odd_replica_out_is_named_and_two_that_differ_are_both():
@@ -39,6 +39,16 @@ def test_a_flipped_bit_changes_one_element_by_one_bit_and_its_crc():
     assert digests(opt) != before
     flip_bit(opt, 3)  # the same draw: the same bit back
     assert np.array_equal(p.data.view(np.uint32), copy.view(np.uint32))
+
+
+def test_the_last_gasp_compares_the_surviving_holders_of_each_replica_set():
+    sets = [[0, 2, 4], [1, 3, 5]]
+    same = {"w": 11, "m": 22}
+    held = {0: same, 2: same, 4: {"w": 11, "m": 23}, 1: {"w": 5, "m": 6}, 5: {"w": 5, "m": 6}}  # rank 3 dead
+    assert differing_in_sets(held, sets) == [{"tensor": "m", "ranks": [4], "holders": [0, 2, 4], "majority": True}]
+    held[5] = {"w": 7, "m": 6}  # two holders left that differ: either may be damaged
+    assert differing_in_sets(held, sets)[1] == {"tensor": "w", "ranks": [1, 5], "holders": [1, 5], "majority": False}
+    assert differing_in_sets({0: same, 1: same}, sets) == []  # one holder each: nothing to compare
 
 
 def test_the_message_names_the_slices():

@@ -11,6 +11,10 @@ On every survivor, after an MPI call failed (see ulfm):
    `ttp_checkpoints/tft_saved_checkpoints-step_{n}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.h5`;
 5. all agree (MPI_Comm_agree: the same answer on every survivor, even through further failures) that every
    file is written; then the committer writes the commit record, and the checkpoint exists.
+With tft.sdc_check_every, the surviving holders of each replica set first compare the CRC-32 of the state of
+that step (dsim.ft.sdc): replicas that differ mean a bit flipped since the last check, and through the
+gradients every replica may carry it, so nothing is saved (the last periodic checkpoint was compared before
+it was saved); without it, a damaged last gasp would be the newest checkpoint, resumed and rolled back to.
 A failure during steps 3-5 starts again from 2 with those still alive; a slice nobody alive holds means no
 checkpoint at all (nothing partial is ever committed), and resume falls back to the last periodic one.
 """
@@ -108,6 +112,7 @@ class Outcome:
     name: Optional[str] = None
     lost: list = field(default_factory=list)
     stages: list = field(default_factory=list)  # with pipeline stages: "pipeline stage s: names" per lost set
+    corrupt: list = field(default_factory=list)  # replicas that differ (dsim.ft.sdc.differing_in_sets): no gasp
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
     existing: bool = False  # the step's last gasp was committed before (by the job that failed before this one)
@@ -118,6 +123,11 @@ class Outcome:
             ([f"rank(s) {', '.join(map(str, self.failed))} failed"] if self.failed else []) +
             ([f"rank(s) {', '.join(map(str, self.damaged))} had an uncorrectable memory error (UCE)"]
              if self.damaged else []))
+        if self.corrupt:
+            from .sdc import describe
+            return (f"{who}; no last-gasp checkpoint: {describe(self.corrupt)} (silent data corruption since the "
+                    "last check: every replica may carry it through the gradients); resume (--resume auto) falls "
+                    "back to the last periodic checkpoint, compared before it was saved")
         if self.step is None and not self.lost:
             return (f"{who}; the last-gasp checkpoint is off (tft.ttp, or MS_ENABLE_TFT='{{TTP:1}}'); "
                     "resume (--resume auto) from the last periodic checkpoint")
@@ -181,6 +191,13 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     if not failed and not damaged:  # everyone alive and whole: an MPI error of another kind
         return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
     p = seen.plan(sets)
+    corrupt = compare_replicas(run, comm, me, states, sets, p.step) if p.step is not None else []
+    if corrupt:
+        comm.Agree(1)
+        if comm.rank == 0:
+            event("sdc", any_rank=True, global_step=p.step, found=corrupt, at="last_gasp")
+            event("last_gasp_lost", any_rank=True, failed=failed, lost=[f["holders"] for f in corrupt])
+        return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0)
     if p.step is None:
         comm.Agree(1)  # nothing is written: just agree that all know
         out = Outcome(failed, damaged, lost=p.lost, stages=lost_stages(run, p.lost), survivors=comm.size,
@@ -223,6 +240,18 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
               directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed)
     return out
+
+
+def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
+    """With tft.sdc_check_every: the slices of `step` whose surviving holders differ (collective over comm);
+    [] without it, or when they agree."""
+    if not run.cfg.tft.sdc_check_every:
+        return []
+    from ..checkpoint.format import crc32
+    from .sdc import differing_in_sets
+    mine = {name: crc32(arr) for name, arr in states[step].items()} if step in states else None
+    held = {r: digests for r, digests in comm.allgather((me, mine)) if digests is not None}
+    return differing_in_sets(held, sets)
 
 
 def _write(run, directory, rank, step, arrays) -> None:

@@ -141,17 +141,33 @@ def differing(gathered: list) -> list[dict]:
         for (kind, name), crc in digest.items():
             key = (kind, name, None if kind == "params" else shard)
             slices.setdefault(key, []).append((rank, crc))
+    found = (_compared(f"{'params' if kind == 'params' else 'optimizer'}/{name}", held)
+             for (kind, name, _), held in sorted(slices.items(), key=lambda x: (x[0][0], x[0][1], x[0][2] or 0)))
+    return [f for f in found if f is not None]
+
+
+def differing_in_sets(held: dict, sets) -> list[dict]:
+    """The last gasp's check (dsim.ft.last_gasp): held = surviving rank -> {name: crc} of the state it would
+    save; the holders of each replica set must agree on every slice. Entries as differing's."""
     out = []
-    for (kind, name, _), held in sorted(slices.items(), key=lambda x: (x[0][0], x[0][1], x[0][2] or 0)):
-        counts = Counter(crc for _, crc in held)
-        if len(counts) == 1:
-            continue
-        crc, n = counts.most_common(1)[0]
-        majority = n * 2 > len(held)
-        out.append({"tensor": f"{'params' if kind == 'params' else 'optimizer'}/{name}",
-                    "ranks": sorted(r for r, c in held if not majority or c != crc),
-                    "holders": sorted(r for r, _ in held), "majority": majority})
+    for g in sets:
+        holders = [r for r in g if r in held]
+        for name in sorted(held[holders[0]]) if holders else ():
+            f = _compared(name, [(r, held[r].get(name)) for r in holders])
+            if f is not None:
+                out.append(f)
     return out
+
+
+def _compared(tensor: str, held: list) -> Optional[dict]:
+    """[(rank, crc)] of one slice's holders: None when they agree, else who differs."""
+    counts = Counter(crc for _, crc in held)
+    if len(counts) == 1:
+        return None
+    crc, n = counts.most_common(1)[0]
+    majority = n * 2 > len(held)
+    return {"tensor": tensor, "ranks": sorted(r for r, c in held if not majority or c != crc),
+            "holders": sorted(r for r, _ in held), "majority": majority}
 
 
 def describe(found: list) -> str:
