@@ -249,7 +249,9 @@ def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
         return []
     from ..checkpoint.format import crc32
     from .sdc import differing_in_sets
-    mine = {name: crc32(arr) for name, arr in states[step].items()} if step in states else None
+    params = {p.name for p in run.optimizer.params}
+    mine = ({f"{'params' if name in params else 'optimizer'}/{name}": crc32(arr) for name, arr in states[step].items()}
+            if step in states else None)
     held = {r: digests for r, digests in comm.allgather((me, mine)) if digests is not None}
     return differing_in_sets(held, sets)
 
