@@ -51,6 +51,18 @@ def start(tmp_path, rank, world_size, doing="idle"):
     return p
 
 
+def watch_a_stalled_step(tmp_path, timeout, world_size, step, victim, within):
+    """This process's watch, as rank 0 of world_size, over a step that begins and stalls until `victim` is
+    killed (SIGKILL)."""
+    watch = HangWatch(timeout, tmp_path)
+    watch.begin(context(0, world_size))
+    watch.step_begin(context(0, world_size, step=step - 1))
+    try:
+        assert victim.wait(timeout=within) == -signal.SIGKILL
+    finally:
+        watch.end(context(0, world_size))
+
+
 def test_a_frozen_rank_is_killed_and_no_other(tmp_path, capfd):
     procs = {}
     try:
@@ -61,13 +73,7 @@ def test_a_frozen_rank_is_killed_and_no_other(tmp_path, capfd):
         procs["dead"].wait()
         os.kill(procs["frozen"].pid, signal.SIGSTOP)
         os.kill(procs["other world"].pid, signal.SIGSTOP)  # a process of the world before an elastic shrink
-        watch = HangWatch(1.0, tmp_path)
-        watch.begin(context(0, 4))
-        watch.step_begin(context(0, 4, step=6))  # step 7 begins, and stalls
-        try:
-            assert procs["frozen"].wait(timeout=10) == -signal.SIGKILL
-        finally:
-            watch.end(context(0, 4))
+        watch_a_stalled_step(tmp_path, 1.0, 4, 7, procs["frozen"], within=10)
         out = capfd.readouterr().out
         assert f"hang watch: rank 2 (pid {procs['frozen'].pid}) has not run for" in out and "step 7" in out
         assert procs["running"].poll() is None and procs["other world"].poll() is None
@@ -85,13 +91,7 @@ def test_a_stuck_rank_is_killed_and_no_waiting_or_busy_one(tmp_path, capfd):
     try:
         procs = {doing: start(tmp_path, rank, 5, doing) for rank, doing in enumerate(["waiting", "stuck", "busy", "idle"], 1)}
         stuck_since = started(procs["stuck"].pid)
-        watch = HangWatch(1.5, tmp_path)
-        watch.begin(context(0, 5))
-        watch.step_begin(context(0, 5, step=8))  # step 9 begins, and stalls
-        try:
-            assert procs["stuck"].wait(timeout=15) == -signal.SIGKILL
-        finally:
-            watch.end(context(0, 5))
+        watch_a_stalled_step(tmp_path, 1.5, 5, 9, procs["stuck"], within=15)
         out = capfd.readouterr().out
         assert (f"hang watch: rank 2 (pid {procs['stuck'].pid}) is stuck: its process runs, its step has made no "
                 "progress outside a collective for") in out and "(step 9, timeout 1.5 s)" in out, out
