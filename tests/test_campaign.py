@@ -350,6 +350,32 @@ def test_a_silent_corruption_is_rolled_back_in_the_job_and_its_steps_are_lost():
     assert (got["discarded"], got["differ"], got["compared"]) == (6, 0, 10 + 10)  # 1-10, then 11-20 again
 
 
+def test_a_silent_corruption_a_restart_wiped_out_is_lost_to_the_restart():
+    # a bit flips in step 13 (rank 3) and rank 6 is killed in step 15, before any check: the job restarts from
+    # step 10 (compared before it was saved) and the damage is gone. A later flip (rank 5, step 17) found at step
+    # 18 is not the first one's finding: the first lost 12 - 10 = 2 steps, to the restart
+    events = [ev("train_begin", 0.0, global_step=0)] + steps(1, 12, 1.0)
+    events += [ev("checkpoint_committed", 10.5, global_step=10),
+               ev("fault", 12.5, plan_index=0, rank=3, kind="sdc", at="forward", global_step=13)]
+    events += steps(13, 14, 13.0, loss=lambda g: 99.0)  # trained on the damage: their losses differ
+    events += [ev("fault", 14.5, plan_index=1, rank=6, kind="kill", at="update", global_step=15),
+               ev("train_begin", 20.0, global_step=10)] + steps(11, 16, 21.0)
+    events += [ev("fault", 26.5, plan_index=2, rank=5, kind="sdc", at="forward", global_step=17),
+               ev("step", 27.0, global_step=17, loss=99.0), ev("step", 28.0, global_step=18, loss=99.0),
+               ev("sdc", 28.1, global_step=18, found=[{"ranks": [5], "tensor": "params/w"}]),
+               ev("sdc_rollback", 28.3, global_step=10, checkpoint="n-1_10", found_at=18, damaged=[5])]
+    events += steps(11, 20, 29.0)
+    events.sort(key=lambda e: e["time"])
+    first, kill, second = analysis.failures(events, end=100, restarts=[20.0])
+    assert (first["how"], first["resumed_from"], first["steps_lost"], first["predicted_lost"]) == ("restart", 10, 2, 2)
+    assert (second["how"], second["steps_lost"]) == ("in the job", 8)
+    # the damaged losses (13, 14 before the restart; 17, 18 before the rollback) and those of the steps logged
+    # before the second finding, trained again after its rollback (11-16), are left out; the rest match
+    ref = {g: g / 1000 for g in range(1, 21)}
+    got = analysis.losses_equal(events, 100, ref)
+    assert (got["discarded"], got["differ"]) == (2 + 8, 0) and got["compared"] == 12 + 10
+
+
 def test_checkpoint_cost_and_losses():
     # ordinary steps of 1 s, a save every 5 steps adds 0.5 s
     t, events = 0.0, []

@@ -86,7 +86,8 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                 noticed = True  # the survivors saw it; the restart that follows says where training went on
         before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
         if f["kind"] == "sdc":  # silent: training goes on on the damage until a check finds it, all of it lost
-            found = next((e for e in after if e["event"] == "sdc"), None)
+            # (unless the job restarts first, from a checkpoint compared before it was saved: the damage is gone)
+            found = next((e for e in after if e["event"] == "sdc" and e["time"] < restart), None)
             before = found["global_step"] if found else before
         rec = {"index": f["plan_index"], "time": f["time"], "rank": f["rank"], "ranks": f.get("ranks", [f["rank"]]),
                "kind": f["kind"], "at": f.get("at"),
@@ -177,15 +178,21 @@ def progress(events: list, end: float) -> int:
 
 def losses_equal(events: list, end: float, reference: dict) -> dict:
     """Every loss logged before `end` against the fault-free run's at the same global step, bit for bit; but a
-    loss of a step trained on silently corrupted state (logged before the corruption was found, an `sdc`
-    event, and the step then trained again): `discarded`."""
+    loss of a step trained on silently corrupted state and then trained again: `discarded`. Such a step was
+    logged before a check found the corruption (an `sdc` event) and the rollback, or after a bit flipped (an
+    `sdc` fault) and before any check found it, the job restarting before one did."""
     found = [e["time"] for e in events if e["event"] == "sdc"]
+    flips = [e["time"] for e in events if e["event"] == "fault" and e.get("kind") == "sdc"]
+
+    def on_damage(t):  # after a flip that no check had found yet
+        return any(f < t and not any(f < x < t for x in found) for f in flips)
+
     steps = [e for e in events if e["event"] == "step" and e["time"] <= end]
     again, discarded = {}, set()  # global step -> time it was next logged (walking backwards)
     for i in range(len(steps) - 1, -1, -1):
         e = steps[i]
         nxt = again.get(e["global_step"])
-        if nxt is not None and any(e["time"] < t < nxt for t in found):
+        if nxt is not None and (any(e["time"] < t < nxt for t in found) or on_damage(e["time"])):
             discarded.add(i)
         again[e["global_step"]] = e["time"]
     compared = differ = beyond = 0
