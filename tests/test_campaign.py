@@ -376,6 +376,22 @@ def test_a_silent_corruption_a_restart_wiped_out_is_lost_to_the_restart():
     assert (got["discarded"], got["differ"]) == (2 + 8, 0) and got["compared"] == 12 + 10
 
 
+def test_a_silent_corruption_is_not_met_by_the_repair_of_another_failure():
+    # rank 0 is killed in step 1 and healed in the job; a bit of rank 5 flips during that step (its `recovered`
+    # event comes after the flip); the check before the save of step 10 finds it with nothing committed to roll
+    # back to: the job stops and restarts from scratch, 10 steps lost, as promised
+    events = [ev("train_begin", 0.0, global_step=0), ev("fault", 0.02, plan_index=0, rank=0, kind="kill",
+                                                         at="forward", global_step=1),
+              ev("heal", 0.1, failed=[0], damaged=[], global_step=0),
+              ev("fault", 0.13, plan_index=1, rank=5, kind="sdc", at="allreduce", global_step=1),
+              ev("recovered", 0.14, global_step=1, fault="heal")] + steps(1, 9, 1.0)
+    events += [ev("sdc", 10.1, global_step=10, found=[{"ranks": [1, 5], "tensor": "params/w"}]),
+               ev("train_begin", 15.0, global_step=0)] + steps(1, 12, 16.0)
+    kill, flip = analysis.failures(events, end=100, restarts=[15.0])
+    assert (kill["how"], kill["steps_lost"]) == ("in the job", 0)
+    assert (flip["how"], flip["resumed_from"], flip["steps_lost"], flip["predicted_lost"]) == ("restart", 0, 10, 10)
+
+
 def test_checkpoint_cost_and_losses():
     # ordinary steps of 1 s, a save every 5 steps adds 0.5 s
     t, events = 0.0, []

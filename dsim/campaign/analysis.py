@@ -76,8 +76,9 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                     and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or [])):
                 meet = ("in the job", e["global_step"], e)
                 break
-            if e["event"] == "recovered" and e["time"] < restart:  # the repair's own event may be missing
-                meet = ("in the job", e["global_step"] - 1, e)     # (see below): the step after it finished
+            if e["event"] == "recovered" and e["time"] < restart and f["kind"] != "sdc":  # the repair's own event
+                # may be missing; a flipped bit is met by its rollback or a restart, never by another's repair
+                meet = ("in the job", e["global_step"] - 1, e)  # (see below): the step after it finished
                 break
             if e["event"] == "train_begin" and e["time"] >= restart:
                 meet = ("restart", e["global_step"], e)
