@@ -129,7 +129,7 @@ class TFTConfig:
     arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
-    hang_timeout: Optional[float] = None     # seconds a step may go on before a frozen rank is killed (dsim.ft.hang)
+    hang_timeout: Optional[float] = None     # seconds a step may go on before a frozen or stuck rank is killed (dsim.ft.hang)
     sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
     sdc_rollback: bool = True                # corruption found: roll back in the job to the newest checkpoint (else stop)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
