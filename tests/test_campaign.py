@@ -465,6 +465,32 @@ def test_what_if_at_scale():
     assert free["interval_s"] == 0 and free["goodput_fraction"] == pytest.approx(1 - 10 / m)
 
 
+def test_what_if_with_node_failures():
+    costs = {"periodic": {"save_s": 1.0, "down_s": 10.0}, "ttp": {"save_s": 1.0, "down_s": 12.0}}
+    year = 365 * 86400
+    ranks_only = scale.table(year, costs, model_parallel=4, per_slice=2)
+    assert "node_fatal" not in ranks_only[0]
+    # servers of 8 ranks failing every 5 years each: more failures, but the two holders of a slice (0 and 512 of
+    # 1,024) are never on one server, so the last gasp still has a copy
+    rows = scale.table(year, costs, model_parallel=4, per_slice=2, node_mtbf=5 * year, node_size=8)
+    for r, alone in zip(rows, ranks_only):
+        assert r["nodes"] == r["ranks"] // 8 and not r["node_fatal"]
+        assert r["job_mtbf_s"] == pytest.approx(1 / (r["ranks"] / year + r["nodes"] / (5 * year)))
+        assert r["job_mtbf_s"] < alone["job_mtbf_s"]
+        assert r["strategies"]["ttp"]["fallback"] < 1e-4
+        assert r["strategies"]["periodic"]["goodput_fraction"] < alone["strategies"]["periodic"]["goodput_fraction"]
+    # a server as large as the job holds every copy: a node failure always falls back to the periodic checkpoint,
+    # a share of all failures in proportion to the rates
+    (big,) = scale.table(year, costs, model_parallel=4, per_slice=2, sizes=[1024], node_mtbf=year / 100,
+                         node_size=1024)
+    assert big["nodes"] == 1 and big["node_fatal"]
+    rank_rate, node_rate = 1024 / year, 100 / year
+    p_rank = (1 - math.exp(-12.0 / year)) ** (2 - 1)
+    assert big["strategies"]["ttp"]["fallback"] == pytest.approx((rank_rate * p_rank + node_rate) / (rank_rate + node_rate))
+    lines = report.scale_lines(rows, "1y")
+    assert "holders      a node" in lines[0] and all(" survivable " in x for x in lines[1:])
+
+
 def test_report_table():
     rows = [{"strategy": "fault-free", "save_every": 10, "steps": 900, "goodput": 30.0, "goodput_fraction": 0.9},
             {"strategy": "periodic", "save_every": 10, "steps": 600, "goodput": 20.0, "goodput_fraction": 0.6,

@@ -121,7 +121,7 @@ def test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job(
     out = tmp_path / "report"
     proc = run_command([sys.executable, "-m", "dsim.campaign", *SMALL, "--mtbf", "10s", "--duration", "22s",
                         "--faults", "node,kill", "--ranks-per-node", "4", "--strategy", "arf", "--save-every", "10",
-                        "--seed", "171", "-o", str(out)], tmp_path, timeout=300, check=0)
+                        "--seed", "171", "--node-mtbf", "5y", "-o", str(out)], tmp_path, timeout=300, check=0)
     doc = json.loads((out / "report.json").read_text())
     (row,) = doc["combinations"]
     first, second = row["failures"]
@@ -140,6 +140,12 @@ def test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job(
     # dp2 x mp4 on nodes of 4: each node one whole model replica, so a lost node's slices all have a copy elsewhere
     assert doc["node_loss"] == [{"node": [0, 3], "fatal_sets": []}, {"node": [4, 7], "fatal_sets": []}]
     assert "  any one of the 2 nodes: survivable (every replica set keeps a rank on another node)" in proc.stdout
+    # the what-if at scale with servers failing too (--node-mtbf): more failures, and (the two holders of a slice
+    # never on one server at any size) no node failure without a copy
+    what_if = doc["what_if"]
+    assert what_if["node_mtbf_s"] == doc["settings"]["node_mtbf_s"] == 5 * 365 * 86400 and what_if["ranks_per_node"] == 4
+    assert [(r["nodes"], r["node_fatal"]) for r in what_if["rows"]] == [(n // 4, False) for n in (1024, 4096, 16384, 65536)]
+    assert "per-node MTBF 5y (nodes of 4 ranks)" in proc.stdout
 
 
 def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):

@@ -44,6 +44,8 @@ def parse_args(argv=None):
                    help="with sdc failures: tft.sdc_check_every of every job, steps between two comparisons of the "
                         "replicas (default 10)")
     p.add_argument("--rank-mtbf", default="1y", help="per-rank MTBF of the what-if at scale (default 1y)")
+    p.add_argument("--node-mtbf", help="per-node MTBF of the what-if at scale: whole servers of --ranks-per-node ranks "
+                                       "fail too (default: off, rank failures only)")
     p.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="a new (or empty) directory")
     return p.parse_args(argv)
 
@@ -57,6 +59,9 @@ def settings_from(args) -> tuple:
             raise ValueError(f"{opt}: {e}") from None
     mtbf, duration, rank_mtbf = (durations("--mtbf", args.mtbf), durations("--duration", args.duration),
                                  durations("--rank-mtbf", args.rank_mtbf))
+    node_mtbf = durations("--node-mtbf", args.node_mtbf) if args.node_mtbf else None
+    if node_mtbf and args.ranks_per_node < 1:
+        raise ValueError(f"--ranks-per-node must be >= 1 with --node-mtbf, got {args.ranks_per_node}")
     hang_timeout = durations("--hang-timeout", args.hang_timeout)
     kinds = [k.strip() for k in args.faults.split(",")]
     bad = [k for k in kinds if k not in PLAN_KINDS]
@@ -89,7 +94,7 @@ def settings_from(args) -> tuple:
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
                            args.ranks, args.spares, args.ranks_per_node,
                            hang_timeout if {"hang", "stuck"} & set(kinds) else None,
-                           args.sdc_check_every if "sdc" in kinds else None), rank_mtbf
+                           args.sdc_check_every if "sdc" in kinds else None, node_mtbf), rank_mtbf
 
 
 def analyse(raw: dict, ref, ref_losses: dict) -> dict:
@@ -114,7 +119,7 @@ def furthest(raws: list) -> int:
                default=0)
 
 
-def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
+def what_if(rows: list, ref: dict, rank_mtbf: float, events: list, node_mtbf: float = None, node_size: int = 4) -> dict:
     """The model at scale from the measured costs (scale.py)."""
     begin = next((e for e in events if e["event"] == "train_begin"), {})
     layout = begin.get("layout") or {"data_parallel": 2, "model_parallel": 4, "optimizer_shard": 1}
@@ -126,8 +131,10 @@ def what_if(rows: list, ref: dict, rank_mtbf: float, events: list) -> dict:
         downs = [f["recovery_s"] for r in mine for f in r["failures"] if f["recovered"] and f["kind"] != "sdc"]
         saves = [r["save_s"] for r in mine if r.get("save_s") is not None] or [ref.get("save_s")]
         costs[name] = {"save_s": sorted(saves)[len(saves) // 2], "down_s": analysis.percentile(downs, 50)}
-    return {"rank_mtbf_s": rank_mtbf, "model_parallel": layout["model_parallel"], "holders_measured": per_slice,
-            "costs": costs, "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice)}
+    return {"rank_mtbf_s": rank_mtbf, "node_mtbf_s": node_mtbf, "ranks_per_node": node_size,
+            "model_parallel": layout["model_parallel"], "holders_measured": per_slice, "costs": costs,
+            "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice, node_mtbf=node_mtbf,
+                                node_size=node_size)}
 
 
 def node_loss(events: list):
@@ -153,7 +160,7 @@ def main(argv=None) -> int:
            "settings": {"mtbf_s": s.mtbf, "duration_s": s.duration, "faults": s.kinds, "seed": s.seed,
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
                         "ranks_per_node": s.ranks_per_node, "hang_timeout_s": s.hang_timeout,
-                        "sdc_check_every": s.sdc_check_every,
+                        "sdc_check_every": s.sdc_check_every, "node_mtbf_s": s.node_mtbf,
                         "config": str(s.config_file), "overrides": s.overrides},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
     raws, rows, events_of, code = [], [], {}, 0
@@ -203,9 +210,11 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
     if ref is not None and len(rows) > 1:
         lines += ["", f"checkpoint interval: measured best beside Young/Daly (MTBF {s.mtbf:.0f} s):"]
         lines += report.young_daly(rows, s.mtbf, ref)
-        doc["what_if"] = what_if(rows, ref, rank_mtbf, events_of.get(ref["dir"], []))
-        lines += ["", f"what-if at scale (no MPI; per-rank MTBF {args_time(rank_mtbf)}, first-order model from the "
-                      "costs above): expected goodput and periodic interval"]
+        doc["what_if"] = what_if(rows, ref, rank_mtbf, events_of.get(ref["dir"], []), s.node_mtbf, s.ranks_per_node)
+        nodes = (f", per-node MTBF {args_time(s.node_mtbf)} (nodes of {s.ranks_per_node} ranks)" if s.node_mtbf
+                 else "")
+        lines += ["", f"what-if at scale (no MPI; per-rank MTBF {args_time(rank_mtbf)}{nodes}, first-order model "
+                      "from the costs above): expected goodput and periodic interval"]
         lines += report.scale_lines(doc["what_if"]["rows"], args_time(rank_mtbf))
         survival = node_loss(events_of.get(ref["dir"], [])) if "node" in s.kinds else None
         if survival is not None:

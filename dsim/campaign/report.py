@@ -72,14 +72,18 @@ def young_daly(rows: list, mtbf: float, ref: dict) -> list[str]:
 
 def scale_lines(rows: list, rank_mtbf_text: str) -> list[str]:
     names = list(rows[0]["strategies"]) if rows else []
-    out = [f"  {'ranks':>7}  {'job MTBF':>9}  {'holders':>7}  " + "  ".join(f"{n:>22}" for n in names)]
+    nodes = bool(rows) and "node_fatal" in rows[0]  # with a per-node MTBF: whether losing a node loses a replica set
+    out = [f"  {'ranks':>7}  {'job MTBF':>9}  {'holders':>7}  " + (f"{'a node':>10}  " if nodes else "")
+           + "  ".join(f"{n:>22}" for n in names)]
     for r in rows:
         cells = []
         for n in names:
             x = r["strategies"][n]
             cells.append(f"{'-':>22}" if x is None else
                          f"{x['goodput_fraction']:>7.1%} every {_interval(x['interval_s']):>7}")
-        out.append(f"  {r['ranks']:>7,}  {_seconds(r['job_mtbf_s']):>9}  {r['holders_per_slice']:>7}  " + "  ".join(cells))
+        node = (f"{'fatal' if r['node_fatal'] else 'survivable':>10}  " if nodes else "")
+        out.append(f"  {r['ranks']:>7,}  {_seconds(r['job_mtbf_s']):>9}  {r['holders_per_slice']:>7}  {node}"
+                   + "  ".join(cells))
     return out
 
 

@@ -60,6 +60,7 @@ class Settings:
     ranks_per_node: int = 4  # the ranks a `node` failure kills together
     hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang` or `stuck` failures)
     sdc_check_every: Optional[int] = None  # tft.sdc_check_every of every job (with `sdc` failures)
+    node_mtbf: Optional[float] = None  # per-node MTBF of the what-if at scale (None: rank failures only)
     tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
     @property

@@ -10,6 +10,11 @@ A first-order model (Young/Daly's), per strategy s, with the job's MTBF M = per-
   holders per slice of the layout at that size (dsim.checkpoint.survivability: its smallest fatal set);
 - waste = C / tau + (D_s + p_s (tau / 2 + D_periodic [in-job only])) / M, tau = sqrt(2 C M / p_s) (Young);
   goodput = 1 - waste, at least 0.
+With a per-node MTBF (`--node-mtbf`, nodes of `--ranks-per-node` consecutive ranks), whole servers fail too,
+every rank on one at once: 1 / M = ranks / per-rank MTBF + nodes / per-node MTBF, and p_s is the mean of
+both kinds' chances, weighted by their rates; for a node failure p = 1 when a replica set lies wholly on one
+node at that size (survivability.nodes: the layout puts every holder of some slice on the same server),
+else at most the chance that another node fails within D_s (1 - exp(-D_s / per-node MTBF)).
 Step time and per-failure costs are taken as constant with the size (weak scaling); at scale restarts
 grow slower, so the model favours restarts.
 """
@@ -23,19 +28,27 @@ from ..parallel.layout import ParallelLayout
 RANKS = (1024, 4096, 16384, 65536)
 
 
-def holders(ranks: int, model_parallel: int, per_slice: int) -> int:
-    """Holders per slice of the layout at `ranks` that keeps the measured job's `per_slice` holders, or the
-    most below it that divide dp (dp = ranks / mp, optimizer shard dp / holders: 3 holders of dp3 become 2
-    of dp512, never more than measured), from its minimal fatal sets."""
+def layout_at(ranks: int, model_parallel: int, per_slice: int) -> ParallelLayout:
+    """The layout at `ranks` that keeps the measured job's `per_slice` holders per slice, or the most below it
+    that divide dp (dp = ranks / mp, optimizer shard dp / holders: 3 holders of dp3 become 2 of dp512, never
+    more than measured)."""
     dp = max(1, ranks // model_parallel)
     h = max(d for d in range(1, min(per_slice, dp) + 1) if dp % d == 0)
-    layout = ParallelLayout(dp, model_parallel, dp // h)
-    return min(len(s) for s in survivability(layout, rows=0).fatal_sets)
+    return ParallelLayout(dp, model_parallel, dp // h)
 
 
-def expected(ranks: int, rank_mtbf: float, costs: dict, h: int) -> dict:
-    """Expected goodput per strategy at `ranks` ranks; costs: {strategy: {"save_s", "down_s"}} (+ "periodic")."""
-    m = rank_mtbf / ranks
+def holders(ranks: int, model_parallel: int, per_slice: int) -> int:
+    """Holders per slice of layout_at(...), from its minimal fatal sets."""
+    return min(len(s) for s in survivability(layout_at(ranks, model_parallel, per_slice), rows=0).fatal_sets)
+
+
+def expected(ranks: int, rank_mtbf: float, costs: dict, h: int, node_mtbf: float = None, nodes: int = 0,
+             node_fatal: bool = False) -> dict:
+    """Expected goodput per strategy at `ranks` ranks; costs: {strategy: {"save_s", "down_s"}} (+ "periodic");
+    with node_mtbf, `nodes` servers fail too, each losing a whole replica set when node_fatal."""
+    rank_rate = ranks / rank_mtbf
+    node_rate = nodes / node_mtbf if node_mtbf else 0.0
+    m = 1 / (rank_rate + node_rate)
     out = {}
     d_restart = costs.get("periodic", {}).get("down_s")
     for name, c in costs.items():
@@ -43,7 +56,10 @@ def expected(ranks: int, rank_mtbf: float, costs: dict, h: int) -> dict:
         if save is None or down is None:
             out[name] = None
             continue
-        p = 1.0 if name == "periodic" else (1 - math.exp(-down / rank_mtbf)) ** (h - 1)
+        p = 1.0
+        if name != "periodic":
+            p_node = 1.0 if node_fatal else (1 - math.exp(-down / node_mtbf)) if node_rate else 0.0
+            p = (rank_rate * (1 - math.exp(-down / rank_mtbf)) ** (h - 1) + node_rate * p_node) * m
         tau = math.sqrt(2 * save * m / p) if p > 0 else math.inf
         extra = (d_restart or 0.0) if name not in ("periodic", "ttp") else 0.0
         # C / tau written as sqrt(C p / 2M): 0, not 0 / 0, for a save that costs nothing (async: the step it
@@ -53,11 +69,19 @@ def expected(ranks: int, rank_mtbf: float, costs: dict, h: int) -> dict:
     return out
 
 
-def table(rank_mtbf: float, costs: dict, model_parallel: int, per_slice: int, sizes=RANKS) -> list[dict]:
-    """One row per size: job MTBF, holders per slice, and each strategy's expected figures."""
+def table(rank_mtbf: float, costs: dict, model_parallel: int, per_slice: int, sizes=RANKS, node_mtbf: float = None,
+          node_size: int = 4) -> list[dict]:
+    """One row per size: job MTBF, holders per slice, (with node_mtbf) whether losing a node loses a whole
+    replica set, and each strategy's expected figures."""
     rows = []
     for n in sizes:
-        h = holders(n, model_parallel, per_slice)
-        rows.append({"ranks": n, "job_mtbf_s": rank_mtbf / n, "holders_per_slice": h,
-                     "strategies": expected(n, rank_mtbf, costs, h)})
+        s = survivability(layout_at(n, model_parallel, per_slice), rows=0)
+        h = min(len(x) for x in s.fatal_sets)
+        nodes = -(-n // node_size) if node_mtbf else 0
+        fatal = bool(node_mtbf) and any(x["fatal_sets"] for x in s.nodes(node_size))
+        row = {"ranks": n, "job_mtbf_s": 1 / (n / rank_mtbf + (nodes / node_mtbf if node_mtbf else 0)),
+               "holders_per_slice": h, "strategies": expected(n, rank_mtbf, costs, h, node_mtbf, nodes, fatal)}
+        if node_mtbf:
+            row.update(nodes=nodes, node_fatal=fatal)
+        rows.append(row)
     return rows
