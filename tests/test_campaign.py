@@ -513,6 +513,7 @@ def test_report_table():
     (["--faults", "node", "--ranks", "6"], "--ranks-per-node 4 must divide --ranks 6"),
     (["--faults", "sdc", "--sdc-check-every", "0"], "--sdc-check-every must be >= 1 step"),
     (["--faults", "hang", "--hang-timeout", "soon"], "--hang-timeout: 'soon' is not a duration"),
+    (["--node-mtbf", "soon"], "--node-mtbf: 'soon' is not a duration"),
     (["--save-every", "10,x"], "--save-every: '10,x' is not a list"),
     (["--set", "model.hiden=[4]"], "config: unknown key 'model.hiden'"),
 ])
