@@ -440,10 +440,10 @@ def test_the_strategy_table():
 
 
 def test_what_if_at_scale():
-    assert scale.holders(1024, 4, 2) == 2 and scale.holders(1024, 4, 256) == 256
+    assert scale.at_size(1024, 4, 2)[0] == 2 and scale.at_size(1024, 4, 256)[0] == 256
     # a measured dp3 (6 ranks, mp2): 3 holders do not divide dp512; 2 do (the report crashed on
     # optimizer_shard=170); mp3 makes dp341, of divisors 1, 11, 31, ...
-    assert scale.holders(1024, 2, 3) == 2 and scale.holders(1024, 3, 3) == 1
+    assert scale.at_size(1024, 2, 3)[0] == 2 and scale.at_size(1024, 3, 3)[0] == 1
     costs = {"periodic": {"save_s": 1.0, "down_s": 10.0}, "ttp": {"save_s": 1.0, "down_s": 12.0},
              "arf": {"save_s": 1.0, "down_s": 0.5}}
     rows = scale.table(365 * 86400, costs, model_parallel=4, per_slice=2)

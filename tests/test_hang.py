@@ -13,7 +13,7 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.faults import started
-from dsim.ft.hang import HangWatch, find_frozen, find_stuck, forget_the_dead, heartbeats
+from dsim.ft.hang import HangWatch, find_hung, forget_the_dead, heartbeats
 from dsim.parallel import progress
 
 BEATING = """
@@ -117,14 +117,15 @@ def test_stuck_is_judged_by_the_process_own_measure_of_its_stall(tmp_path):
     me = os.getpid()
     beat(me, 9.0)                        # this process's own: never judged by itself
     beat(os.getppid(), 2.5)              # stalled past the timeout: stuck
-    assert [r["pid"] for r in find_stuck(beats, 4, now, 2.0)] == [os.getppid()]
+    assert [r["pid"] for r in find_hung(beats, 4, now, 2.0)[1]] == [os.getppid()]
     beat(os.getppid(), 1.5)              # not yet
     beat(os.getppid(), None)             # waiting, or between steps
-    assert find_stuck(beats, 4, now, 2.0) == []
+    assert find_hung(beats, 4, now, 2.0)[1] == []
     beat(os.getppid(), 2.5, world_size=8)  # another world's
-    assert find_stuck(beats, 4, now, 2.0) == []
+    assert find_hung(beats, 4, now, 2.0)[1] == []
     beat(os.getppid(), 2.5, age=3.0)     # its heartbeat is old: frozen, not stuck
-    assert find_stuck(beats, 4, now, 2.0) == [] and [r["pid"] for r in find_frozen(beats, 4, now, 2.0)] == [os.getppid()]
+    frozen, stuck = find_hung(beats, 4, now, 2.0)
+    assert stuck == [] and [r["pid"] for r in frozen] == [os.getppid()]
 
 
 def test_progress_knows_computing_from_waiting():
@@ -170,7 +171,7 @@ def test_heartbeats_of_ended_processes_are_forgotten(tmp_path):
         beats = tmp_path / "heartbeats"
         assert {r["pid"] for r in heartbeats(beats)} == {live.pid, gone.pid}
         (beats / f"killed-{gone.pid}-1").touch()
-        assert find_frozen(beats, 2, time.time() + 3600, 1.0) == [r for r in heartbeats(beats) if r["pid"] == live.pid]
+        assert find_hung(beats, 2, time.time() + 3600, 1.0)[0] == [r for r in heartbeats(beats) if r["pid"] == live.pid]
         forget_the_dead(beats)
         assert sorted(p.name for p in beats.iterdir()) == [str(live.pid)]
     finally:

@@ -37,18 +37,25 @@ def layout_at(ranks: int, model_parallel: int, per_slice: int) -> ParallelLayout
     return ParallelLayout(dp, model_parallel, dp // h)
 
 
-def holders(ranks: int, model_parallel: int, per_slice: int) -> int:
-    """Holders per slice of layout_at(...), from its minimal fatal sets."""
-    return min(len(s) for s in survivability(layout_at(ranks, model_parallel, per_slice), rows=0).fatal_sets)
+def at_size(ranks: int, model_parallel: int, per_slice: int, node_size: int = None) -> tuple[int, bool]:
+    """Holders per slice of layout_at(...), from its minimal fatal sets, and (with node_size) whether losing a
+    node of node_size consecutive ranks loses every holder of some slice."""
+    s = survivability(layout_at(ranks, model_parallel, per_slice), rows=0)
+    fatal = node_size is not None and any(x["fatal_sets"] for x in s.nodes(node_size))
+    return min(len(x) for x in s.fatal_sets), fatal
+
+
+def job_mtbf(ranks: int, rank_mtbf: float, nodes: int = 0, node_mtbf: float = None) -> float:
+    """The job's MTBF M: 1 / M = ranks / per-rank MTBF (+ nodes / per-node MTBF)."""
+    return 1 / (ranks / rank_mtbf + (nodes / node_mtbf if node_mtbf else 0.0))
 
 
 def expected(ranks: int, rank_mtbf: float, costs: dict, h: int, node_mtbf: float = None, nodes: int = 0,
              node_fatal: bool = False) -> dict:
     """Expected goodput per strategy at `ranks` ranks; costs: {strategy: {"save_s", "down_s"}} (+ "periodic");
     with node_mtbf, `nodes` servers fail too, each losing a whole replica set when node_fatal."""
-    rank_rate = ranks / rank_mtbf
-    node_rate = nodes / node_mtbf if node_mtbf else 0.0
-    m = 1 / (rank_rate + node_rate)
+    m = job_mtbf(ranks, rank_mtbf, nodes, node_mtbf)
+    rank_rate, node_rate = ranks / rank_mtbf, nodes / node_mtbf if node_mtbf else 0.0
     out = {}
     d_restart = costs.get("periodic", {}).get("down_s")
     for name, c in costs.items():
@@ -75,12 +82,10 @@ def table(rank_mtbf: float, costs: dict, model_parallel: int, per_slice: int, si
     replica set, and each strategy's expected figures."""
     rows = []
     for n in sizes:
-        s = survivability(layout_at(n, model_parallel, per_slice), rows=0)
-        h = min(len(x) for x in s.fatal_sets)
+        h, fatal = at_size(n, model_parallel, per_slice, node_size if node_mtbf else None)
         nodes = -(-n // node_size) if node_mtbf else 0
-        fatal = bool(node_mtbf) and any(x["fatal_sets"] for x in s.nodes(node_size))
-        row = {"ranks": n, "job_mtbf_s": 1 / (n / rank_mtbf + (nodes / node_mtbf if node_mtbf else 0)),
-               "holders_per_slice": h, "strategies": expected(n, rank_mtbf, costs, h, node_mtbf, nodes, fatal)}
+        row = {"ranks": n, "job_mtbf_s": job_mtbf(n, rank_mtbf, nodes, node_mtbf), "holders_per_slice": h,
+               "strategies": expected(n, rank_mtbf, costs, h, node_mtbf, nodes, fatal)}
         if node_mtbf:
             row.update(nodes=nodes, node_fatal=fatal)
         rows.append(row)

@@ -117,8 +117,7 @@ class HangWatch(Callback):
     def _judge(self, now: float, since: float) -> None:
         """This rank's step, begun at `since`, has gone on past the timeout: kill the frozen and the stuck
         processes of its world, if any."""
-        frozen = find_frozen(self.dir, self.world_size, now, self.timeout)
-        stuck = find_stuck(self.dir, self.world_size, now, self.timeout)
+        frozen, stuck = find_hung(self.dir, self.world_size, now, self.timeout)
         if not frozen and not stuck and killed_since(self.dir, since):
             return  # another rank's watch found it first: its death is on its way here
         if not frozen and not stuck:
@@ -169,21 +168,20 @@ def heartbeats(directory) -> list[dict]:
     return out
 
 
-def find_frozen(directory, world_size: int, now: float, timeout: float) -> list[dict]:
-    """The heartbeats of processes of a world of `world_size` that have not beaten for more than `timeout`
-    seconds and are still running as the same process (a dead one's record is not a hang)."""
-    return [r for r in heartbeats(directory)
-            if r.get("world_size") == world_size and r.get("pid") != os.getpid() and now - r["time"] > timeout
-            and same_process(r["pid"], r.get("started"))]
-
-
-def find_stuck(directory, world_size: int, now: float, timeout: float) -> list[dict]:
-    """The heartbeats of running processes of a world of `world_size` whose main thread, at their last beat,
-    had computed its step outside every collective with no sign of progress for more than `timeout` seconds
-    (their own measure, at most HEARTBEAT old: a process that moved on since then has beaten since)."""
-    return [r for r in heartbeats(directory)
-            if r.get("world_size") == world_size and r.get("pid") != os.getpid() and now - r["time"] <= timeout
-            and (r.get("stalled") or 0) > timeout and same_process(r["pid"], r.get("started"))]
+def find_hung(directory, world_size: int, now: float, timeout: float) -> tuple[list[dict], list[dict]]:
+    """The heartbeats of the other processes of a world of `world_size`, still running as the same process (a
+    dead one's record is not a hang), that are frozen (no beat for more than `timeout` seconds) and those that
+    are stuck: beating, but their main thread, at their last beat, had computed its step outside every
+    collective with no sign of progress for more than `timeout` seconds (their own measure, at most HEARTBEAT
+    old: a process that moved on since then has beaten since)."""
+    frozen, stuck = [], []
+    for r in heartbeats(directory):
+        if r.get("world_size") != world_size or r.get("pid") == os.getpid():
+            continue
+        hung = frozen if now - r["time"] > timeout else stuck if (r.get("stalled") or 0) > timeout else None
+        if hung is not None and same_process(r["pid"], r.get("started")):
+            hung.append(r)
+    return frozen, stuck
 
 
 def claim(directory, record: dict) -> bool:

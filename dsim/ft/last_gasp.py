@@ -247,11 +247,8 @@ def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
     [] without it, or when they agree."""
     if not run.cfg.tft.sdc_check_every:
         return []
-    from ..checkpoint.format import crc32
-    from .sdc import differing_in_sets
-    params = {p.name for p in run.optimizer.params}
-    mine = ({f"{'params' if name in params else 'optimizer'}/{name}": crc32(arr) for name, arr in states[step].items()}
-            if step in states else None)
+    from .sdc import differing_in_sets, state_digests
+    mine = state_digests(run.optimizer, states[step]) if step in states else None
     held = {r: digests for r, digests in comm.allgather((me, mine)) if digests is not None}
     return differing_in_sets(held, sets)
 

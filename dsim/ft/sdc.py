@@ -141,9 +141,22 @@ def differing(gathered: list) -> list[dict]:
         for (kind, name), crc in digest.items():
             key = (kind, name, None if kind == "params" else shard)
             slices.setdefault(key, []).append((rank, crc))
-    found = (_compared(f"{'params' if kind == 'params' else 'optimizer'}/{name}", held)
+    found = (_compared(tensor(kind, name), held)
              for (kind, name, _), held in sorted(slices.items(), key=lambda x: (x[0][0], x[0][1], x[0][2] or 0)))
     return [f for f in found if f is not None]
+
+
+def tensor(kind: str, name: str) -> str:
+    """How a slice is named in what is found: params/<name> or optimizer/<state name>."""
+    return f"{'params' if kind == 'params' else 'optimizer'}/{name}"
+
+
+def state_digests(optimizer, arrays: dict) -> dict:
+    """CRC-32 of each array of a state this rank holds ({name: array}, as OptTFTWrapper.states() offers one),
+    by tensor(...): what differing_in_sets compares."""
+    from ..checkpoint.format import crc32
+    params = {p.name for p in optimizer.params}
+    return {tensor("params" if name in params else "state", name): crc32(a) for name, a in arrays.items()}
 
 
 def differing_in_sets(held: dict, sets) -> list[dict]:
@@ -159,14 +172,14 @@ def differing_in_sets(held: dict, sets) -> list[dict]:
     return out
 
 
-def _compared(tensor: str, held: list) -> Optional[dict]:
+def _compared(name: str, held: list) -> Optional[dict]:
     """[(rank, crc)] of one slice's holders: None when they agree, else who differs."""
     counts = Counter(crc for _, crc in held)
     if len(counts) == 1:
         return None
     crc, n = counts.most_common(1)[0]
     majority = n * 2 > len(held)
-    return {"tensor": tensor, "ranks": sorted(r for r, c in held if not majority or c != crc),
+    return {"tensor": name, "ranks": sorted(r for r, c in held if not majority or c != crc),
             "holders": sorted(r for r, _ in held), "majority": majority}
 
 
