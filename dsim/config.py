@@ -309,12 +309,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config: fault.step must be a step (>= 1) or a list of steps, got {f.step!r}")
     if cfg.checkpoint.on_save_error not in ("stop", "continue"):
         raise ConfigError(f"config: checkpoint.on_save_error must be stop or continue, got {cfg.checkpoint.on_save_error!r}")
-    from .faults import PLAN_POINTS, POINTS
+    from .faults import POINTS, STUCK_POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
-    if f.kind == "stuck" and f.at not in PLAN_POINTS:  # the points inside a step's computation
-        raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation: fault.at must be "
-                          f"{', '.join(PLAN_POINTS[:-1])} or {PLAN_POINTS[-1]}, got {f.at!r}")
+    if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges
+        raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation or a save: fault.at must "
+                          f"be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")
     if f.kind and f.kind != "plan" and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     from .data.factory import NAMES as DATASETS, TOKEN_DATASETS

@@ -6,7 +6,8 @@
 - kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
   collective (until tft.hang_timeout's watch kills it: dsim.ft.hang);
 - kind stuck: rank R's training stops while its process runs (its main thread sleeps for ever, its threads
-  go on: a deadlock, a read that never returns); at forward, allreduce or update only (found by the same watch);
+  go on: a deadlock, a read that never returns); at forward, allreduce, update or save only (found by the same
+  watch; at save, a write to a dead file system: with async_save, its background writer stops);
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
   become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
@@ -240,6 +241,7 @@ def at_point(point: str, global_step: int) -> None:
 PLAN_ENV = "DSIM_FAULT_PLAN"
 PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc")
 PLAN_POINTS = ("forward", "allreduce", "update")
+STUCK_POINTS = (*PLAN_POINTS, "save")  # inside work the hang watch judges (dsim.parallel.progress)
 
 
 class FaultPlan:

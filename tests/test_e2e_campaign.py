@@ -16,7 +16,7 @@ from dsim.campaign import failures
 pytestmark = pytest.mark.e2e
 
 SMALL = ["--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=640"]
-DURATION, MTBF = 30, 12  # seed 80's plan: kills at 12.7 s and 28.4 s
+DURATION, MTBF = 21, 12  # seed 288's plan: kills at 8.1 s and 19.7 s
 # a restart (kill seen, job relaunched, resumed, one step trained) takes about 3 s here alone, 5.5-7 s beside a
 # second test worker, 7-9 s beside that and a busy core: the plan leaves room for one of 9 s within the budget
 RESTART = 9

@@ -75,6 +75,42 @@ def test_a_stuck_rank_is_killed_then_the_last_gasp_is_saved(ft_reference, tmp_pa
     assert LOSS.findall(crash.stdout)[:12] == ref_losses[:12]  # the watch changed nothing before
 
 
+EPOCH_SAVES = ["--set", "checkpoint.save_checkpoint_steps=null", "--set", "checkpoint.save_checkpoint_epochs=1"]
+ASYNC_SAVES = ["--set", "checkpoint.save_checkpoint_steps=5", "--set", "checkpoint.async_save=true"]
+
+
+@pytest.mark.parametrize("saves, step", [(EPOCH_SAVES, 10), (ASYNC_SAVES, 5)], ids=["epoch-end", "async"])
+def test_a_rank_stuck_in_its_save_is_killed_then_the_last_gasp_and_the_resume_are_bit_identical(
+        ft_reference, tmp_path, saves, step):
+    """A write that never returns (a dead file system): the others wait for it in the save's collectives. The
+    save at an epoch's end comes after every step callback (it was watched by none); an async save's writer
+    thread stops, and its rank waits for it before its next step."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, *saves, "--set", "tft.ttp=true", *WATCH]
+    crash = mpirun(8, [*opts, *fault("stuck", 5, "save", step)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1, crash.stderr
+    assert f"dsim: fault: rank 5 is stuck (its training stops, its process runs) during the save of step {step}" \
+        in crash.stdout
+    assert re.search(r"dsim: hang watch: rank 5 \(pid \d+\) is stuck: its process runs, its save has made no "
+                     rf"progress outside a collective for \d+\.\d s \(step {step}, timeout 3 s\): killed", crash.stdout), \
+        crash.stdout
+    assert "no rank's process is frozen or stuck" not in crash.stdout
+    stuck, = events(tmp_path, "fault")
+    hang, = events(tmp_path, "hang")
+    assert (hang["rank"], hang["how"], hang["work"], hang["global_step"]) == (5, "stuck", "save", step)
+    assert TIMEOUT <= hang["time"] - stuck["time"] < TIMEOUT + 10, (stuck, hang)
+    assert not events(tmp_path, "checkpoint_committed")  # the save never committed; the last gasp saved its step
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"dsim: error: rank(s) 5 failed; last-gasp checkpoint ttp-1_{step} (global step {step}) committed"), crash.stderr
+    if saves is ASYNC_SAVES:
+        assert f"async save of network-1_{step} (global step {step}) was in flight: abandoned" in crash.stderr
+        return  # (the resume from a last gasp: the epoch-end case's)
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[step:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
 def test_a_frozen_rank_is_killed_and_a_warm_spare_takes_its_place(ft_reference, tmp_path):
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
     args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",

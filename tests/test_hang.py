@@ -28,7 +28,7 @@ doing = sys.argv[4]
 if doing == "idle":        # between steps
     time.sleep(120)
 watch.step_begin(SimpleNamespace(original_args=lambda: SimpleNamespace(cur_step_num=8)))  # step 9
-with progress.step():
+with progress.watched():
     if doing == "stuck":   # in its step, no progress: a deadlock
         time.sleep(120)
     if doing == "waiting":  # in its step, inside a collective (for the stuck one)
@@ -58,7 +58,8 @@ def watch_a_stalled_step(tmp_path, timeout, world_size, step, victim, within):
     watch.begin(context(0, world_size))
     watch.step_begin(context(0, world_size, step=step - 1))
     try:
-        assert victim.wait(timeout=within) == -signal.SIGKILL
+        with progress.watched(), progress.waiting():  # in its step, inside a collective
+            assert victim.wait(timeout=within) == -signal.SIGKILL
     finally:
         watch.end(context(0, world_size))
 
@@ -130,7 +131,7 @@ def test_stuck_is_judged_by_the_process_own_measure_of_its_stall(tmp_path):
 
 def test_progress_knows_computing_from_waiting():
     assert progress.stalled_for(time.monotonic()) is None  # between steps
-    with progress.step():
+    with progress.watched():
         t = time.monotonic()
         assert 0 <= progress.stalled_for(t) < 1
         assert progress.stalled_for(t + 5) >= 5
@@ -141,6 +142,9 @@ def test_progress_knows_computing_from_waiting():
             assert progress.stalled_for(t + 5) is None
         progress.tick()
         assert progress.stalled_for(time.monotonic()) < 1
+        with progress.watched():  # nested (a save's comparison of replicas): the outer one still watches after it
+            pass
+        assert progress.stalled_for(time.monotonic() + 5) >= 5
     assert progress.stalled_for(time.monotonic() + 5) is None and progress.waits == 0
 
 
@@ -150,8 +154,8 @@ def test_a_stall_with_every_rank_running_is_only_reported(tmp_path, capfd):
         watch = HangWatch(1.5, tmp_path)  # (longer than a live heartbeat can lag on a loaded machine)
         watch.begin(context(0, 2))
         watch.step_begin(context(0, 2, step=2))
-        time.sleep(4.5)  # said once the step has gone on for twice the timeout
-        watch.step_end(context(0, 2, step=3))
+        with progress.watched(), progress.waiting():
+            time.sleep(4.5)  # said once the step has gone on for twice the timeout
         watch.end(context(0, 2))
         out = capfd.readouterr().out
         # once a step, not every heartbeat
@@ -188,11 +192,13 @@ def test_a_hang_timeout_is_seconds(value, message):
     assert load_config(None, ["tft.hang_timeout=2.5"]).tft.hang_timeout == 2.5
 
 
-def test_a_stuck_fault_strikes_inside_a_step():
-    with pytest.raises(ConfigError, match="config: fault.kind stuck strikes inside a step's computation: fault.at must "
-                                          "be forward, allreduce or update, got 'step_end'"):
-        load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", "fault.at=step_end"])
-    assert load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", "fault.at=update"]).fault.kind == "stuck"
+@pytest.mark.parametrize("at", ["step_end", "commit"])
+def test_a_stuck_fault_strikes_inside_a_step_or_a_save(at):
+    with pytest.raises(ConfigError, match="config: fault.kind stuck strikes inside a step's computation or a save: "
+                                          f"fault.at must be forward, allreduce, update or save, got '{at}'"):
+        load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", f"fault.at={at}"])
+    for ok in ("update", "save"):
+        assert load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", f"fault.at={ok}"]).fault.at == ok
 
 
 def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):

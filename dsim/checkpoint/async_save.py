@@ -29,6 +29,7 @@ import threading
 import numpy as np
 
 from .. import aligned
+from ..parallel import progress
 from .format import Tensor
 
 
@@ -97,6 +98,7 @@ class BackgroundWrite:
             self.error = e
 
     def _check(self):
+        progress.tick()  # the write goes on: the main thread waiting for it is not stuck (dsim.parallel.progress)
         if self._abandon.is_set():
             raise Abandoned("abandoned")
 

@@ -16,6 +16,7 @@ from .. import faults
 from ..ft import sdc
 from ..engine.callbacks import Callback, event, say
 from ..engine.state import owned_pieces
+from ..parallel import progress
 from ..parallel.groups import gather_full
 from ..parallel.layout import Slice
 from . import commit as cm
@@ -291,8 +292,13 @@ class ModelCheckpoint(Callback):
         """Write this step's checkpoint on every rank and commit it; returns its name.
 
         With async_save the files are written by a thread from a snapshot, and committed at a later step
-        end (see async_save); a save still in flight is first waited for and committed.
+        end (see async_save); a save still in flight is first waited for and committed. Its progress is
+        watched (tft.hang_timeout: a rank whose write never returns is stuck, the others wait in collectives).
         """
+        with progress.watched("save"):
+            return self._save(cb)
+
+    def _save(self, cb) -> str:
         t0 = time.perf_counter()
         if self.last_saved_step == cb.cur_step_num:
             return self.pending.name if self.pending is not None else self.saved[-1]
@@ -334,7 +340,7 @@ class ModelCheckpoint(Callback):
                 if faults.strikes("save", step):  # the rank dies in its writer before its next step starts, so
                     pending.writer.wait()         # where the others stop does not depend on thread timing
             elif whole is not None:
-                written = write_file(path, meta, whole, append, half)
+                written = write_file(path, meta, whole, append, half, after_each=progress.tick)
         except Exception as e:  # every rank must learn of it, or the others wait forever
             error, storage = error_text(e), isinstance(e, OSError)
         if self.config.async_save:
@@ -363,15 +369,21 @@ class ModelCheckpoint(Callback):
         # Allreduce on the world itself: mpi4py's pickled allreduce runs on a hidden duplicate of the
         # communicator, which a revoke of the world does not reach (a rank blocked in it would never learn
         # of a failure the others are already recovering from).
-        cb.model.groups.world.Allreduce(MPI.IN_PLACE, done, op=MPI.MIN)
+        with progress.watched("save"), progress.waiting():  # (a rank stuck in its save: the others wait here)
+            cb.model.groups.world.Allreduce(MPI.IN_PLACE, done, op=MPI.MIN)
         if done:
             self.finish(cb)
 
     def finish(self, cb) -> None:
-        """Wait for the save in flight (if any) on every rank, then commit it or report its failure (collective)."""
+        """Wait for the save in flight (if any) on every rank, then commit it or report its failure (collective).
+        Watched as a save is: the wait for this rank's writer goes on while it writes (each tensor is progress)."""
         p = self.pending
         if p is None:
             return
+        with progress.watched("save"):
+            self._finish(cb, p)
+
+    def _finish(self, cb, p) -> None:
         self.pending = None
         error, storage = p.error
         written = None
@@ -398,7 +410,8 @@ class ModelCheckpoint(Callback):
         """Every rank's outcome gathered; all files durable: rank 0 commits; else the failure policy."""
         groups = cb.model.groups
         comm, rank, name = groups.world, cb.rank, p.name
-        results = comm.allgather((error, storage, written))
+        with progress.waiting():
+            results = comm.allgather((error, storage, written))
         failed = {r: e for r, (e, _, _) in enumerate(results) if e}
         if failed:
             self.last_saved_step = self.committed_step
@@ -406,7 +419,8 @@ class ModelCheckpoint(Callback):
                 return self._failed(cb, name, p.step, failed)
             raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {failed}")
         faults.at_point("commit", p.step)
-        comm.Barrier()  # every rank is past the commit fault point: all files are in place
+        with progress.waiting():
+            comm.Barrier()  # every rank is past the commit fault point: all files are in place
         error = None
         if rank == 0:
             try:
@@ -418,7 +432,8 @@ class ModelCheckpoint(Callback):
                                                          if w})
             except OSError as e:
                 error = error_text(e)
-        error = comm.bcast(error, root=0)
+        with progress.waiting():
+            error = comm.bcast(error, root=0)
         if error:
             self.last_saved_step = self.committed_step
             return self._failed(cb, name, p.step, {0: error}, "its commit record")
@@ -459,14 +474,17 @@ class ModelCheckpoint(Callback):
                     p.unlink(missing_ok=True)
                 except OSError:
                     pass
-        comm.Barrier()  # every rank has removed its part before anyone goes on
+        with progress.waiting():
+            comm.Barrier()  # every rank has removed its part before anyone goes on
         records = cm.committed(self.directory, self.records) if rank == 0 else []
         latest = records[-1]["name"] if records else None
         message = (f"checkpoint {name} (global step {step}) not saved in {self.directory}: "
                    f"{what} could not be written: {self._summary(failed)} ({free_space(self.directory)}); "
                    + (f"the latest checkpoint is still {latest}" if latest else "no checkpoint is committed"))
         if self.on_save_error == "stop":
-            raise SaveError(comm.bcast(message, root=0))
+            with progress.waiting():
+                message = comm.bcast(message, root=0)
+            raise SaveError(message)
         self.last_failed_step = step
         if rank == 0:
             print(f"dsim: warning: {message}; training goes on and the next save tries again "
@@ -495,5 +513,7 @@ class ModelCheckpoint(Callback):
             for name in drop:
                 cm.uncommit(self.directory, name)  # the commit record first
                 cm.integrated_path(self.directory, name).unlink(missing_ok=True)
-        for name in comm.bcast(drop, root=0):
+        with progress.waiting():
+            drop = comm.bcast(drop, root=0)
+        for name in drop:
             cm.shard_path(self.directory, rank, name).unlink(missing_ok=True)

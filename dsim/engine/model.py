@@ -149,13 +149,16 @@ class Model:
             raise ValueError("Model.eval with pipeline stages is not supported: each stage holds part of the network")
         counts = np.zeros(2)
         sampler, source = valid_dataset.sampler, valid_dataset.source
-        for step in range(valid_dataset.get_dataset_size()):
-            inputs, labels = source.get(sampler.batch_indices(0, step))
-            logits = self.network.forward(inputs, self.groups.mp)
-            labels = np.asarray(labels).reshape(-1)
-            keep = labels != PAD if getattr(self.network, "input_kind", "image") == "tokens" else np.ones(labels.shape, bool)
-            counts += ((logits.argmax(axis=1) == labels)[keep].sum(), keep.sum())
-        self.groups.dp.Allreduce(MPI.IN_PLACE, counts)
+        with progress.watched("evaluation"):  # (tft.hang_timeout: dsim.ft.hang)
+            for step in range(valid_dataset.get_dataset_size()):
+                inputs, labels = source.get(sampler.batch_indices(0, step))
+                logits = self.network.forward(inputs, self.groups.mp)
+                labels = np.asarray(labels).reshape(-1)
+                keep = (labels != PAD if getattr(self.network, "input_kind", "image") == "tokens"
+                        else np.ones(labels.shape, bool))
+                counts += ((logits.argmax(axis=1) == labels)[keep].sum(), keep.sum())
+            with progress.waiting():
+                self.groups.dp.Allreduce(MPI.IN_PLACE, counts)
         return {"accuracy": float(counts[0] / max(counts[1], 1))}
 
     def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = True, sink_size: int = -1,
@@ -226,7 +229,7 @@ class Model:
                 _call(callbacks, "epoch_begin", ctx)
             cb.lr = self.optimizer.current_lr()
             _call(callbacks, "step_begin", ctx)
-            with progress.step():  # its progress watched (tft.hang_timeout: dsim.ft.hang)
+            with progress.watched("step"):  # its progress watched (tft.hang_timeout: dsim.ft.hang)
                 cb.net_outputs = self.train_step(images, labels)
             cb.cur_step_in_epoch, cb.cur_step_num = step + 1, cb.cur_step_num + 1
             if self.recovery is not None:

@@ -9,18 +9,23 @@ follows is what follows a death: the last gasp, the repair in the job, or the en
 
 Each training process writes a heartbeat from a thread every HEARTBEAT seconds to
 <output.dir>/heartbeats/<pid>: its rank, the world size, the step it is in, its start time, the time, and
-where its main thread is (dsim.parallel.progress): for how long it has computed its step outside every
-collective with no sign of progress (a layer, a collective entered or left), or null (between steps, or
-waiting in a collective). When this rank's step has gone on for more than the timeout, its watch reads the
-others' heartbeats and kills (SIGKILL) a process of the same world, still that process (pid and start time):
+where its main thread is (dsim.parallel.progress): for how long it has worked (its step's computation, a
+checkpoint's save, the replicas' comparison) outside every collective with no sign of progress (a layer, a
+parameter's update, a tensor written or read, a collective entered or left), or null (between steps, or
+waiting in a collective). When this rank's work (a step's computation, a save) has gone on for more than the
+timeout, its watch reads the others' heartbeats and kills (SIGKILL) a process of the same world, still that
+process (pid and start time):
 - frozen: its heartbeat is older than the timeout (its threads are frozen with it; a process blocked in a
   collective, or busy saving, keeps beating: MPI calls and file writes release the interpreter);
 - stuck: it beats, but has made no progress outside every collective for more than the timeout, inside
-  its step's computation, while this rank waits (every rank waiting for it is inside a collective).
+  its step's computation or a save (a write that never returns), while this rank waits (every rank waiting
+  for it is inside a collective). With async_save, a background write that stops holds its rank's next
+  update or save, which then makes no progress: stuck too.
 Every rank's watch may see it; one, the first to claim it, reports it (a `hang` event and a line). When
-nobody is frozen or stuck (a slow step, or every rank inside a collective, or one stuck outside its step's
-computation, saving or between steps), the job waits, as MPI does, and the watch says so once the step has
-gone on for twice the timeout (looking again at every heartbeat: a rank stuck later in the step is found).
+nobody is frozen or stuck (a slow step, or every rank inside a collective, or one stuck between steps), the
+job waits, as MPI does, and the watch says so once the work has gone on for twice the timeout (looking again
+at every heartbeat: a rank stuck later in the step is found). So the timeout must be longer than any one
+layer, tensor write or file's fsync takes.
 """
 from __future__ import annotations
 
@@ -30,7 +35,6 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from ..engine.callbacks import Callback, event, say
 from ..faults import same_process, started
@@ -49,8 +53,7 @@ class HangWatch(Callback):
         self.dir = Path(directory) / "heartbeats"
         self.rank = self.world_size = None
         self.step = 0
-        self.since: Optional[float] = None  # when the step in progress began (None: between steps)
-        self.judged = False                  # this step's stall was reported already
+        self.said = None  # the work watched (progress.began) whose stall was reported already
         self._stop = threading.Event()
         self._thread = self._fd = None
 
@@ -72,14 +75,10 @@ class HangWatch(Callback):
     def recovered(self, run_context):
         """After a repair in the job or an elastic shrink: this process's rank and world now; between steps."""
         cb = run_context.original_args()
-        self.rank, self.world_size, self.since = cb.rank, cb.world_size, None
+        self.rank, self.world_size = cb.rank, cb.world_size
 
     def step_begin(self, run_context):
         self.step = run_context.original_args().cur_step_num + 1
-        self.since, self.judged = time.time(), False
-
-    def step_end(self, run_context):
-        self.since = None
 
     def end(self, run_context=None):
         global _running
@@ -99,32 +98,35 @@ class HangWatch(Callback):
             try:
                 now = time.time()
                 self._beat(now)
-                since = self.since
-                if since is not None and now - since > self.timeout:
-                    self._judge(now, since)  # (self.since may be cleared meanwhile: the step ended)
+                began = progress.began  # (read once: the work may end meanwhile)
+                if began is not None and time.monotonic() - began > self.timeout:
+                    self._judge(now, began)
             except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
                 if not warned:
                     say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")
                     warned = True
 
     def _beat(self, now: float) -> None:
-        stalled = progress.stalled_for(time.monotonic())
+        stalled, work = progress.stalled_for(time.monotonic()), progress.work
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
                              "world_size": self.world_size, "step": self.step, "time": now,
-                             "stalled": None if stalled is None else round(stalled, 3)})
+                             "stalled": None if stalled is None else round(stalled, 3), "work": work})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
 
-    def _judge(self, now: float, since: float) -> None:
-        """This rank's step, begun at `since`, has gone on past the timeout: kill the frozen and the stuck
-        processes of its world, if any."""
+    def _judge(self, now: float, began: float) -> None:
+        """This rank's work watched (a step's computation or a save), begun at `began` (progress.began), has
+        gone on past the timeout: kill the frozen and the stuck processes of its world, if any."""
+        since = now - (time.monotonic() - began)  # its time.time()
         frozen, stuck = find_hung(self.dir, self.world_size, now, self.timeout)
         if not frozen and not stuck and killed_since(self.dir, since):
             return  # another rank's watch found it first: its death is on its way here
         if not frozen and not stuck:
-            if self.judged or now - since <= 2 * self.timeout:
+            if self.said == began or now - since <= 2 * self.timeout:
                 return  # looked again at every heartbeat (a stuck rank's stall grows); said once, later
-            self.judged = True
-            say(f"dsim: hang watch: rank {self.rank}: step {self.step} has gone on for {now - since:.0f} s; "
+            self.said = began
+            work = {"save": "the save of ", "comparison": "the comparison of replicas of ",
+                    "evaluation": "the evaluation after "}.get(progress.work, "")
+            say(f"dsim: hang watch: rank {self.rank}: {work}step {self.step} has gone on for {now - since:.0f} s; "
                 "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting")
             return
         for record in frozen + stuck:
@@ -141,11 +143,13 @@ class HangWatch(Callback):
             what = f"has not run for {ago:.1f} s"
         else:
             ago = record["stalled"] + now - record["time"]
-            what = f"is stuck: its process runs, its step has made no progress outside a collective for {ago:.1f} s"
+            work = {"save": "its save", "comparison": "its comparison of replicas",
+                    "evaluation": "its evaluation"}.get(record.get("work"), "its step")
+            what = f"is stuck: its process runs, {work} has made no progress outside a collective for {ago:.1f} s"
         # a stuck rank's own step (it may be a step behind the others); a frozen one's last beat may be steps old
         step = record["step"] if how == "stuck" else self.step
         event("hang", any_rank=True, rank=record["rank"], how=how, frozen_for=round(ago, 3), global_step=step,
-              by=self.rank, timeout=self.timeout)
+              by=self.rank, timeout=self.timeout, **({"work": record.get("work")} if how == "stuck" else {}))
         say(f"dsim: hang watch: rank {record['rank']} (pid {record['pid']}) {what} (step {step}, "
             f"timeout {self.timeout:g} s): killed (SIGKILL), as a failed rank")
 

@@ -22,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from ..engine.callbacks import Callback, event, say
+from ..parallel import progress
 
 _active = None  # the SdcCheck of this process (ModelCheckpoint.save checks through it first)
 
@@ -61,18 +62,25 @@ class SdcCheck(Callback):
             self.check(cb)
 
     def check(self, cb) -> None:
-        """Collective over the world: raise SilentCorruption on every rank when replicas differ anywhere."""
+        """Collective over the world: raise SilentCorruption on every rank when replicas differ anywhere. Its
+        progress is watched as a step's is (tft.hang_timeout: dsim.parallel.progress)."""
         if self.checked == cb.cur_step_num:
             return
         self.checked = cb.cur_step_num
+        with progress.watched("comparison"):
+            self._check(cb)
+
+    def _check(self, cb) -> None:
         groups = cb.model.groups
         from mpi4py import MPI
-        found = differing(groups.dp.allgather((groups.rank, groups.coords.shard, digests(cb.optimizer))))
-        anywhere = np.array([len(found)], dtype=np.int64)
-        groups.world.Allreduce(MPI.IN_PLACE, anywhere)  # (a buffer reduction: a revoke reaches it)
-        if not anywhere[0]:
-            return
-        everything = [f for part in groups.world.allgather(found if groups.dp.rank == 0 else []) for f in part]
+        mine = (groups.rank, groups.coords.shard, digests(cb.optimizer))
+        with progress.waiting():
+            found = differing(groups.dp.allgather(mine))
+            anywhere = np.array([len(found)], dtype=np.int64)
+            groups.world.Allreduce(MPI.IN_PLACE, anywhere)  # (a buffer reduction: a revoke reaches it)
+            if not anywhere[0]:
+                return
+            everything = [f for part in groups.world.allgather(found if groups.dp.rank == 0 else []) for f in part]
         event("sdc", global_step=cb.cur_step_num, found=everything)
         raise SilentCorruption(cb.cur_step_num, everything)
 
@@ -128,8 +136,13 @@ def before_save(cb) -> None:
 def digests(optimizer) -> dict:
     """CRC-32 of every parameter and optimizer-state slice this rank holds: {("params" | "state", name): crc}."""
     from ..checkpoint.format import crc32
-    out = {("params", p.name): crc32(p.data) for p in optimizer.params}
-    out.update({("state", name): crc32(a) for name, _, a in optimizer.state_items()})
+    out = {}
+    for p in optimizer.params:
+        progress.tick()  # each slice read is progress (dsim.parallel.progress)
+        out["params", p.name] = crc32(p.data)
+    for name, _, a in optimizer.state_items():
+        progress.tick()
+        out["state", name] = crc32(a)
     return out
 
 

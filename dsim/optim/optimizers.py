@@ -68,9 +68,8 @@ class Optimizer:
         """
         if self._holds:  # a reader of the arrays not done yet (an async save's snapshot copy)
             t0 = time.perf_counter()
-            with progress.waiting():
-                while self._holds:
-                    self._holds.pop().wait()
+            while self._holds:  # not a wait for another rank: the writer's progress (a tensor staged) is ours
+                self._holds.pop().wait()
             self.held.append(time.perf_counter() - t0)
         lr = self.current_lr()
         for i, p in enumerate(self.params):

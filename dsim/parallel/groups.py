@@ -208,7 +208,9 @@ def gather_full(comm, pieces) -> dict:
     Replicated pieces simply overwrite each other (they are identical by construction).
     """
     out = {}
-    for rank_pieces in comm.allgather(list(pieces)):
+    with progress.waiting():
+        gathered = comm.allgather(list(pieces))
+    for rank_pieces in gathered:
         for name, shape, where, arr in rank_pieces:
             if name not in out:
                 out[name] = np.zeros(shape, dtype=arr.dtype)

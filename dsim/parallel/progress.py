@@ -1,10 +1,12 @@
-"""Where this rank's main thread is in its step: computing, or waiting (in a collective, for another rank).
+"""Where this rank's main thread is in its work: computing, or waiting (in a collective, for another rank).
 
 The hang watch (dsim.ft.hang) reads it from its thread to tell a rank stuck but alive from one waiting for
 it. When a rank stops making progress while its process runs (a deadlock, a read from a dead file system, a
 loop that never ends), every other rank soon waits inside a collective for it, and it alone is inside
-its step's computation, outside every collective, with no sign of progress for as long as they have waited.
-Signs of progress: entering or leaving a collective, and each layer's forward or backward (check_revoked).
+its work (a step's computation, a save, the replicas' comparison, an evaluation), outside every collective, with
+no sign of progress for as long as they have waited. Signs of progress: entering or leaving a collective, each
+layer's forward or backward (check_revoked), each parameter's update, each tensor a save writes (or its
+background writer: the wait for it is not for another rank) or a comparison reads.
 A few attribute writes a layer or a collective: nothing is measured or allocated here.
 """
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-computing = False  # inside a step's computation (Model.train_step): forward, backward, reductions, update
+computing = False  # inside work watched: a step's computation (Model.train_step), a save, a comparison, ...
+work = None        # which: "step", "save", "comparison" or "evaluation" (the innermost)
 waits = 0          # how many waits the main thread is inside (nested: a sum inside a pipeline's wait)
 last = 0.0         # time.monotonic() of the main thread's last sign of progress
+began = None       # time.monotonic() when the outermost work watched began (None: outside any)
 
 
 def tick() -> None:
@@ -38,19 +42,33 @@ def waiting():
 
 
 @contextmanager
-def step():
-    """A step's computation: the main thread is judged by its progress while in it (see the module doc)."""
-    global computing, last
-    computing, last = True, time.monotonic()
+def watched(what: str = "step"):
+    """Work of the job the main thread is judged by its progress in (see the module doc): `what`, "step" (its
+    computation), "save" (a checkpoint's), "comparison" (the replicas': dsim.ft.sdc) or "evaluation"
+    (Model.eval). Nested (a save compares first), the innermost names it and the outermost decides when it
+    began and ends."""
+    global computing, work, last, began
+    kept, outer, computing, work, last = computing, work, True, what, time.monotonic()
+    if not kept:
+        began = last
     try:
         yield
     finally:
-        computing = False
+        computing, work = kept, outer
+        if not kept:
+            began = None
 
 
 def stalled_for(now: float) -> float | None:
-    """Seconds since the main thread's last sign of progress, if it is computing a step outside every
+    """Seconds since the main thread's last sign of progress, if it is in work watched outside every
     collective (`now`: time.monotonic()); None when it is between steps or waiting."""
     if not computing or waits:
         return None
     return now - last
+
+
+def going_on_for(now: float) -> float | None:
+    """Seconds the work watched (a step's computation, a save) has gone on (`now`: time.monotonic()), waits
+    included; None outside it."""
+    b = began
+    return None if b is None else now - b
