@@ -118,6 +118,7 @@ class FaultConfig:
     step: Any = None                         # global step (1-based); or one per rank of a rank list
     epoch: Optional[int] = None              # with at: epoch_end
     at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
+    slowdown: float = 4.0                    # kind slow: from then on the rank computes this many times slower
 
 
 @dataclass
@@ -130,6 +131,8 @@ class TFTConfig:
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     hang_timeout: Optional[float] = None     # seconds a step may go on before a frozen or stuck rank is killed (dsim.ft.hang)
+    straggler_factor: Optional[float] = None  # a rank computing its steps this many times slower than the median is a straggler
+    straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place; implies ttp)
     sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
     sdc_rollback: bool = True                # corruption found: roll back in the job to the newest checkpoint (else stop)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
@@ -265,7 +268,7 @@ def apply_tft_env(tft: TFTConfig, value) -> None:
             setattr(tft, k.lower(), v == "1")
     if isinstance(tft.spares, int) and tft.spares > 0:
         tft.arf = True  # a spare is only ever used to replace a dead rank
-    if tft.uce or tft.arf or tft.elastic:
+    if tft.uce or tft.arf or tft.elastic or tft.straggler_evict is True:  # (a killed straggler is a death)
         tft.ttp = True
 
 
@@ -293,9 +296,17 @@ def validate(cfg: Config) -> None:
     h = cfg.tft.hang_timeout
     if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h > 0):
         raise ConfigError(f"config: tft.hang_timeout must be a number of seconds > 0 (or null: off), got {h!r}")
+    x = cfg.tft.straggler_factor
+    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 1):
+        raise ConfigError(f"config: tft.straggler_factor must be a number > 1 (or null: off), got {x!r}")
+    if cfg.tft.straggler_evict and x is None:
+        raise ConfigError("config: tft.straggler_evict needs tft.straggler_factor (how much slower is a straggler)")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce", "hang", "stuck", "sdc", "plan"):
-        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, stuck, sdc or plan, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce", "hang", "stuck", "slow", "sdc", "plan"):
+        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, stuck, slow, sdc or plan, got {f.kind!r}")
+    d = f.slowdown
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not d > 1:
+        raise ConfigError(f"config: fault.slowdown must be a number > 1 (how many times slower), got {d!r}")
     if f.kind == "plan" and not Path(os.environ.get("DSIM_FAULT_PLAN") or "/nonexistent/").is_file():
         raise ConfigError("config: fault.kind plan needs $DSIM_FAULT_PLAN, a fault plan file (python -m dsim.campaign "
                           f"writes one), got {os.environ.get('DSIM_FAULT_PLAN')!r}")
@@ -309,12 +320,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config: fault.step must be a step (>= 1) or a list of steps, got {f.step!r}")
     if cfg.checkpoint.on_save_error not in ("stop", "continue"):
         raise ConfigError(f"config: checkpoint.on_save_error must be stop or continue, got {cfg.checkpoint.on_save_error!r}")
-    from .faults import POINTS, STUCK_POINTS
+    from .faults import PLAN_POINTS, POINTS, STUCK_POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
     if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges
         raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation or a save: fault.at must "
                           f"be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")
+    if f.kind == "slow" and f.at not in PLAN_POINTS:  # from a point of a step on
+        raise ConfigError(f"config: fault.kind slow begins inside a step's computation: fault.at must be "
+                          f"{', '.join(PLAN_POINTS[:-1])} or {PLAN_POINTS[-1]}, got {f.at!r}")
     if f.kind and f.kind != "plan" and (f.epoch if f.at == "epoch_end" else f.step) is None:
         raise ConfigError(f"config: fault at {f.at} needs fault.{'epoch' if f.at == 'epoch_end' else 'step'}")
     from .data.factory import NAMES as DATASETS, TOKEN_DATASETS

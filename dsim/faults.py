@@ -1,10 +1,14 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill | uce | hang | stuck | sdc, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce | hang | stuck | slow | sdc, rank: R, step: N, epoch: E, at: POINT}`
 - kind sdc: one bit of one of rank R's parameters flips, and nothing reports it (silent data corruption;
   tft.sdc_check_every finds it by comparing replicas: dsim.ft.sdc);
 - kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
   collective (until tft.hang_timeout's watch kills it: dsim.ft.hang);
+- kind slow: from that point on, rank R computes fault.slowdown (4) times slower (after each layer and each
+  parameter's update it sleeps as long again, times slowdown - 1): a throttled device or a degraded node, a
+  straggler the others wait for in every collective (tft.straggler_factor finds it: dsim.ft.straggler);
+  at forward, allreduce or update only;
 - kind stuck: rank R's training stops while its process runs (its main thread sleeps for ever, its threads
   go on: a deadlock, a read that never returns); at forward, allreduce, update or save only (found by the same
   watch; at save, a write to a dead file system: with async_save, its background writer stops);
@@ -45,6 +49,7 @@ from typing import Optional
 import numpy as np
 
 from .engine.callbacks import Callback, event, say
+from .parallel import progress
 
 
 class InjectedFault(Exception):
@@ -96,8 +101,9 @@ class FaultInjector(Callback):
     """Fires the configured fault once, on the configured rank, at the configured point."""
 
     def __init__(self, kind: str, rank=None, step: Optional[int] = None,
-                 epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None):
-        self.kind, self.epoch, self.at = kind, epoch, at
+                 epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None,
+                 slowdown: float = 4.0):
+        self.kind, self.epoch, self.at, self.slowdown = kind, epoch, at, slowdown
         self.ranks = None if rank is None else list(rank if isinstance(rank, list) else [rank])
         self.steps = step if isinstance(step, list) else None  # one step per rank
         self.step = None if self.steps else step
@@ -159,6 +165,10 @@ class FaultInjector(Callback):
             return  # continued (SIGCONT): the step goes on
         if self.kind == "stuck":
             stall(f"dsim: fault: rank {self.my_rank} is stuck (its training stops, its process runs) {where}")
+        if self.kind == "slow":
+            say(f"dsim: fault: rank {self.my_rank} computes {self.slowdown:g}x slower from now on {where}")
+            progress.slowdown = self.slowdown  # (dsim.parallel.progress.pace)
+            return
         if self.kind == "sdc":
             say(f"dsim: fault: rank {self.my_rank}: a bit of {flip_bit(self.optimizer, self.my_rank)} flips, "
                 f"silently, {where}")

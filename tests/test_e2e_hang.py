@@ -124,3 +124,26 @@ def test_a_frozen_rank_is_killed_and_a_warm_spare_takes_its_place(ft_reference, 
     assert heal["failed"] == [3] and heal["time"] > hang["time"]
     assert LOSS.findall(out) == ref_losses
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_a_straggler_is_evicted_and_a_warm_spare_takes_its_place(ft_reference, tmp_path):
+    """Rank 3 computes 50x slower from step 2 on (fault.kind slow): the others wait for it in every collective,
+    nothing fails. The straggler watch finds it past tft.straggler_factor, kills it, and a warm spare takes its
+    place; the job is bit-identical to an uninterrupted one (slowness changes no number)."""
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
+    args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",
+            *LAYOUTS["dp4xmp2k2"], "--set", "tft.spares=1", "--set", "tft.straggler_factor=2.5",
+            "--set", "tft.straggler_evict=true", *fault("slow", 3, "forward", 2), "--set", "fault.slowdown=50"]
+    proc = launch("run_parallel_save_ckpt.sh", args, cwd=tmp_path, timeout=150, check=0)
+    out = proc.stdout
+    assert "dsim: fault: rank 3 computes 50x slower from now on during the forward of step 2" in out, out
+    assert re.search(r"dsim: straggler watch: rank 3 \(pid \d+\) computes its steps \d+\.\dx slower than the other "
+                     r"ranks of its stage \(\d+ ms a step against a median of \d+ ms, as of step \d+; "
+                     r"tft.straggler_factor 2.5\): killed \(SIGKILL\), as a failed rank \(tft.straggler_evict\)", out), out
+    straggler, = events(tmp_path, "straggler")
+    assert straggler["rank"] == 3 and straggler["evicted"] and straggler["step_ms"] > 2.5 * straggler["median_ms"]
+    assert straggler["global_step"] >= 2 + 5  # judged after 5 of its steps past the factor
+    heal, = events(tmp_path, "heal")
+    assert heal["failed"] == [3] and heal["by_spare"] == [3] and heal["time"] > straggler["time"]
+    assert LOSS.findall(out) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")

@@ -211,3 +211,108 @@ def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
     assert hang._running is None and not watch._thread.is_alive()
     assert not (tmp_path / "heartbeats" / str(os.getpid())).exists()
     hang.leave()  # nothing running: nothing to do
+
+
+def record(rank, step_time, world_size=8, timed=10, pid=None, step=12):
+    return {"pid": pid or 1000 + rank, "started": 1, "rank": rank, "world_size": world_size, "step": step,
+            "time": time.time(), "step_time": step_time, "timed": timed}
+
+
+def test_a_straggler_is_slower_than_the_others_of_its_stage():
+    from dsim.ft.straggler import find_stragglers
+    even = [record(r, 0.100 + 0.002 * r) for r in range(8)]
+    assert find_stragglers(even, 8, 8, 2.0) == []
+    slow = even[:3] + [record(3, 0.45)] + even[4:]
+    (found, median), = find_stragglers(slow, 8, 8, 2.0)
+    assert found["rank"] == 3 and median == pytest.approx(0.108)
+    assert find_stragglers(slow, 8, 8, 5.0) == []                          # not 5x slower
+    assert find_stragglers(slow, 4, 4, 2.0) == []                          # another world's records
+    assert find_stragglers(slow[:3] + [record(3, None)] + slow[4:], 8, 8, 2.0) == []  # no step measured yet
+    # two pipeline stages of 4: stage 1 computes more (the loss) and is no straggler; rank 5 is, within it
+    staged = [record(r, 0.1) for r in range(4)] + [record(4, 0.3), record(5, 0.9), record(6, 0.3), record(7, 0.3)]
+    assert [(r["rank"], m) for r, m in find_stragglers(staged, 8, 4, 2.0)] == [(5, 0.3)]
+    # two ranks in a stage: the slower against the other
+    assert [r["rank"] for r, _ in find_stragglers([record(0, 0.1, 2), record(1, 0.25, 2)], 2, 2, 2.0)] == [1]
+
+
+def test_a_straggler_is_judged_after_steps_past_the_factor_and_once(capfd):
+    from dsim.ft.straggler import STEPS, StragglerJudge
+    killed, claimed = [], []
+    judge = StragglerJudge(2.0, evict=False)
+    alive = lambda pid, started: True  # noqa: E731
+    world = lambda slow_time, timed: [record(r, 0.1) for r in range(7)] + [record(7, slow_time, timed=timed)]  # noqa: E731
+    judge.look(world(0.5, 20), 8, 8, alive, claimed.append)
+    judge.look(world(0.5, 20 + STEPS - 1), 8, 8, alive, claimed.append)
+    assert capfd.readouterr().out == ""                                    # not yet: STEPS of its steps
+    judge.look(world(0.15, 20 + STEPS), 8, 8, alive, claimed.append)       # back under: the count starts again
+    judge.look(world(0.5, 30), 8, 8, alive, claimed.append)
+    judge.look(world(0.5, 30 + STEPS - 1), 8, 8, alive, claimed.append)
+    assert capfd.readouterr().out == ""
+    judge.look(world(0.5, 30 + STEPS), 8, 8, alive, claimed.append)
+    judge.look(world(0.5, 40), 8, 8, alive, claimed.append)                # once
+    out = capfd.readouterr().out
+    assert out.count("dsim: straggler watch: rank 7 (pid 1007) computes its steps 5.0x slower than the other ranks "
+                     "of its stage (500 ms a step against a median of 100 ms, as of step 12; tft.straggler_factor 2): "
+                     "reported (tft.straggler_evict: false)") == 1, out
+    assert claimed == []                                                   # reported, not killed
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        evicting = StragglerJudge(3.0, evict=True)
+        rows = [record(r, 0.1, 4) for r in range(3)] + [record(3, 0.4, 4, pid=victim.pid, timed=0)]
+        evicting.look(rows, 4, 4, alive, claimed.append)
+        rows[3] = record(3, 0.4, 4, pid=victim.pid, timed=STEPS)
+        evicting.look(rows, 4, 4, alive, claimed.append)
+        assert victim.wait(timeout=10) == -signal.SIGKILL and [r["pid"] for r in claimed] == [victim.pid]
+        assert "killed (SIGKILL), as a failed rank (tft.straggler_evict)" in capfd.readouterr().out
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_progress_times_a_step_outside_its_waits():
+    progress.recent.clear()
+    before = progress.timed
+    with progress.watched("step"):
+        time.sleep(0.05)
+        with progress.waiting():  # waiting for another rank is not computing
+            time.sleep(0.2)
+    with progress.watched("save"):  # only steps are timed
+        time.sleep(0.1)
+    step_time, timed = progress.step_time()
+    assert 0.05 <= step_time < 0.15 and timed == before + 1
+
+
+def test_a_slow_rank_sleeps_what_it_computed_times_the_slowdown_less_one():
+    progress.tick()
+    t = time.monotonic()
+    progress.pace()                       # no slow fault: nothing
+    assert time.monotonic() - t < 0.05
+    progress.slowdown = 3.0
+    try:
+        progress.tick()
+        time.sleep(0.05)                  # "computing" 50 ms
+        t = time.monotonic()
+        progress.pace()                   # sleeps 2 x 50 ms
+        assert 0.09 <= time.monotonic() - t < 0.5
+        with progress.waiting():          # never inside a wait
+            t = time.monotonic()
+            progress.pace()
+            assert time.monotonic() - t < 0.05
+    finally:
+        progress.slowdown = 1.0
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["tft.straggler_factor=1"], "tft.straggler_factor must be a number > 1 \\(or null: off\\), got 1"),
+    (["tft.straggler_evict=true"], "tft.straggler_evict needs tft.straggler_factor"),
+    (["fault.kind=slow", "fault.rank=1", "fault.step=3", "fault.at=forward", "fault.slowdown=0.5"],
+     "fault.slowdown must be a number > 1 \\(how many times slower\\), got 0.5"),
+    (["fault.kind=slow", "fault.rank=1", "fault.step=3", "fault.at=save"],
+     "fault.kind slow begins inside a step's computation: fault.at must be forward, allreduce or update, got 'save'")])
+def test_straggler_settings_are_checked(sets, message):
+    with pytest.raises(ConfigError, match=f"config: {message}"):
+        load_config(None, sets)
+    cfg = load_config(None, ["tft.straggler_factor=2.5", "tft.straggler_evict=true", "fault.kind=slow", "fault.rank=1",
+                             "fault.step=3", "fault.at=forward", "fault.slowdown=3"])
+    assert (cfg.tft.straggler_factor, cfg.tft.straggler_evict, cfg.fault.slowdown) == (2.5, True, 3)

@@ -86,10 +86,11 @@ class Run:
             cbs.append(ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error))
         if cfg.fault.kind:
             f = cfg.fault
-            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill))
-        if cfg.tft.hang_timeout:
+            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill, f.slowdown))
+        t = cfg.tft
+        if t.hang_timeout or t.straggler_factor:
             from ..ft.hang import HangWatch
-            cbs.append(HangWatch(cfg.tft.hang_timeout, out.dir))
+            cbs.append(HangWatch(t.hang_timeout, out.dir, t.straggler_factor, t.straggler_evict))
         evaluate = [EvalMonitor(self.eval_dataset)] if self.eval_dataset is not None else []
         return cbs + [LossMonitor(out.loss_every), TimeMonitor(), *evaluate, ProgressBar(out.progress_bar),
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]

@@ -26,6 +26,9 @@ nobody is frozen or stuck (a slow step, or every rank inside a collective, or on
 job waits, as MPI does, and the watch says so once the work has gone on for twice the timeout (looking again
 at every heartbeat: a rank stuck later in the step is found). So the timeout must be longer than any one
 layer, tensor write or file's fsync takes.
+The heartbeat also carries how long the rank computes a step outside waits: with tft.straggler_factor, rank
+0's watch finds a rank computing much slower than the others (dsim.ft.straggler; the watch runs for it alone
+when tft.hang_timeout is off).
 """
 from __future__ import annotations
 
@@ -35,10 +38,12 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 from ..engine.callbacks import Callback, event, say
 from ..faults import same_process, started
 from ..parallel import progress
+from .straggler import StragglerJudge
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
@@ -48,10 +53,12 @@ _running = None  # this process's HangWatch while it trains
 class HangWatch(Callback):
     """The heartbeat of this training process and the watch over the others' (see the module doc)."""
 
-    def __init__(self, timeout: float, directory):
-        self.timeout = float(timeout)
+    def __init__(self, timeout: Optional[float], directory, straggler_factor: Optional[float] = None,
+                 straggler_evict: bool = False):
+        self.timeout = None if timeout is None else float(timeout)  # None: no hang judged (stragglers only)
         self.dir = Path(directory) / "heartbeats"
-        self.rank = self.world_size = None
+        self.stragglers = StragglerJudge(straggler_factor, straggler_evict) if straggler_factor else None
+        self.rank = self.world_size = self.stage_size = None
         self.step = 0
         self.said = None  # the work watched (progress.began) whose stall was reported already
         self._stop = threading.Event()
@@ -60,7 +67,7 @@ class HangWatch(Callback):
     # -- callbacks ----------------------------------------------------------------------------------------
     def begin(self, run_context):
         cb = run_context.original_args()
-        self.rank, self.world_size = cb.rank, cb.world_size
+        self.rank, self.world_size, self.stage_size = cb.rank, cb.world_size, _stage_size(cb)
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             forget_the_dead(self.dir)
@@ -75,7 +82,7 @@ class HangWatch(Callback):
     def recovered(self, run_context):
         """After a repair in the job or an elastic shrink: this process's rank and world now; between steps."""
         cb = run_context.original_args()
-        self.rank, self.world_size = cb.rank, cb.world_size
+        self.rank, self.world_size, self.stage_size = cb.rank, cb.world_size, _stage_size(cb)
 
     def step_begin(self, run_context):
         self.step = run_context.original_args().cur_step_num + 1
@@ -99,8 +106,12 @@ class HangWatch(Callback):
                 now = time.time()
                 self._beat(now)
                 began = progress.began  # (read once: the work may end meanwhile)
-                if began is not None and time.monotonic() - began > self.timeout:
+                if self.timeout and began is not None and time.monotonic() - began > self.timeout:
                     self._judge(now, began)
+                if self.stragglers is not None and self.rank == 0:
+                    live = [r for r in heartbeats(self.dir) if now - r.get("time", 0) < 4 * HEARTBEAT]
+                    self.stragglers.look(live, self.world_size, self.stage_size, same_process,
+                                         lambda r: claim(self.dir, r))
             except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
                 if not warned:
                     say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")
@@ -108,9 +119,11 @@ class HangWatch(Callback):
 
     def _beat(self, now: float) -> None:
         stalled, work = progress.stalled_for(time.monotonic()), progress.work
+        step_time, timed = progress.step_time()
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
                              "world_size": self.world_size, "step": self.step, "time": now,
-                             "stalled": None if stalled is None else round(stalled, 3), "work": work})
+                             "stalled": None if stalled is None else round(stalled, 3), "work": work,
+                             "step_time": None if step_time is None else round(step_time, 5), "timed": timed})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
 
     def _judge(self, now: float, began: float) -> None:
@@ -152,6 +165,12 @@ class HangWatch(Callback):
               by=self.rank, timeout=self.timeout, **({"work": record.get("work")} if how == "stuck" else {}))
         say(f"dsim: hang watch: rank {record['rank']} (pid {record['pid']}) {what} (step {step}, "
             f"timeout {self.timeout:g} s): killed (SIGKILL), as a failed rank")
+
+
+def _stage_size(cb) -> int:
+    """Ranks per pipeline stage of the layout training now (the straggler watch compares within a stage)."""
+    layout = getattr(cb, "layout", None)
+    return layout["data_parallel"] * layout["model_parallel"] if layout else cb.world_size
 
 
 def leave() -> None:

@@ -75,6 +75,7 @@ class Optimizer:
         for i, p in enumerate(self.params):
             if halfway is not None and i == len(self.params) // 2:
                 halfway()
+            progress.pace()
             progress.tick()  # a parameter's update is progress (tft.hang_timeout tells it from a stuck rank)
             w = p.owned_data.reshape(-1)             # owned parts are whole rows: contiguous views
             g = p.grad[p.owned_index].reshape(-1)

@@ -69,6 +69,7 @@ def check_revoked() -> None:
     which can be a whole forward and backward later. Local and cheap (MPIX_Comm_is_revoked). Where a UCE
     can be repaired in place, a damaged replica's request is answered here too (an MPI_Iprobe at most every
     10 ms: dsim.ft.in_place). A sign of this rank's progress (dsim.parallel.progress)."""
+    progress.pace()
     progress.tick()
     if _watched is not None:
         if _watched.Is_revoked():

@@ -11,7 +11,9 @@ A few attribute writes a layer or a collective: nothing is measured or allocated
 """
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from contextlib import contextmanager
 
 computing = False  # inside work watched: a step's computation (Model.train_step), a save, a comparison, ...
@@ -19,6 +21,11 @@ work = None        # which: "step", "save", "comparison" or "evaluation" (the in
 waits = 0          # how many waits the main thread is inside (nested: a sum inside a pipeline's wait)
 last = 0.0         # time.monotonic() of the main thread's last sign of progress
 began = None       # time.monotonic() when the outermost work watched began (None: outside any)
+waited = 0.0       # seconds the main thread has spent inside waits, in all
+recent = deque(maxlen=5)  # seconds each of the last steps computed outside waits (the straggler watch's measure)
+timed = 0          # steps measured so far
+slowdown = 1.0     # fault.kind slow: this rank computes this many times slower (pace(); dsim.faults)
+_wait_began = 0.0
 
 
 def tick() -> None:
@@ -27,18 +34,30 @@ def tick() -> None:
     last = time.monotonic()
 
 
+def pace() -> None:
+    """Called by the main thread before each layer's and each parameter's work is marked (tick): with a slow
+    fault (slowdown s > 1), it sleeps s - 1 times what it computed since its last sign of progress, so its
+    step computes s times slower (a throttled device, a degraded node); nothing otherwise."""
+    if slowdown > 1 and not waits:
+        time.sleep((slowdown - 1) * max(0.0, time.monotonic() - last))
+
+
 @contextmanager
 def waiting():
     """The main thread waits for others while in it: a collective, a receive from another rank, an async save's
     background write the update must not overtake."""
-    global waits, last
+    global waits, last, waited, _wait_began
     waits += 1
     last = time.monotonic()
+    if waits == 1:
+        _wait_began = last
     try:
         yield
     finally:
         waits -= 1
         last = time.monotonic()
+        if waits == 0:
+            waited += last - _wait_began
 
 
 @contextmanager
@@ -47,12 +66,16 @@ def watched(what: str = "step"):
     computation), "save" (a checkpoint's), "comparison" (the replicas': dsim.ft.sdc) or "evaluation"
     (Model.eval). Nested (a save compares first), the innermost names it and the outermost decides when it
     began and ends."""
-    global computing, work, last, began
+    global computing, work, last, began, timed
     kept, outer, computing, work, last = computing, work, True, what, time.monotonic()
     if not kept:
         began = last
+    waited_before = waited
     try:
         yield
+        if what == "step" and not kept:  # a step computed to its end: how long outside waits
+            recent.append(time.monotonic() - began - (waited - waited_before))
+            timed += 1
     finally:
         computing, work = kept, outer
         if not kept:
@@ -72,3 +95,10 @@ def going_on_for(now: float) -> float | None:
     included; None outside it."""
     b = began
     return None if b is None else now - b
+
+
+def step_time() -> tuple[float | None, int]:
+    """The median of the last few steps' computing times outside waits (seconds; None before any), and how many
+    steps were measured in all."""
+    times = list(recent)
+    return (statistics.median(times) if times else None), timed
