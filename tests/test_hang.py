@@ -178,6 +178,16 @@ def test_heartbeats_of_ended_processes_are_forgotten(tmp_path):
         assert find_hung(beats, 2, time.time() + 3600, 1.0)[0] == [r for r in heartbeats(beats) if r["pid"] == live.pid]
         forget_the_dead(beats)
         assert sorted(p.name for p in beats.iterdir()) == [str(live.pid)]
+        # a repair in the job: rank 0 of the repaired world forgets the dead at once, not at the next job
+        (beats / "424242").write_bytes(json.dumps({"pid": 424242, "started": 1, "rank": 1, "world_size": 2,
+                                                   "time": time.time()}).encode())
+        watch = HangWatch(600, tmp_path)
+        watch.begin(context(1, 2))
+        watch.recovered(context(1, 2))  # not rank 0: not its task
+        assert (beats / "424242").exists()
+        watch.recovered(context(0, 2))
+        assert not (beats / "424242").exists() and (beats / str(live.pid)).exists()
+        watch.end()
     finally:
         live.kill()
         live.wait()

@@ -80,9 +80,12 @@ class HangWatch(Callback):
         _running = self
 
     def recovered(self, run_context):
-        """After a repair in the job or an elastic shrink: this process's rank and world now; between steps."""
+        """After a repair in the job or an elastic shrink: this process's rank and world now; between steps. Rank 0
+        forgets the heartbeats of the processes that died (they would stay until the next job otherwise)."""
         cb = run_context.original_args()
         self.rank, self.world_size, self.stage_size = cb.rank, cb.world_size, _stage_size(cb)
+        if self.rank == 0:
+            forget_the_dead(self.dir)
 
     def step_begin(self, run_context):
         self.step = run_context.original_args().cur_step_num + 1
