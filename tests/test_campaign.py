@@ -14,6 +14,7 @@ from dsim.campaign import analysis, failures, report, scale, strategies
 from dsim.campaign.__main__ import main
 from dsim.config import ConfigError, load_config
 from dsim.faults import FaultPlan, fired_marker
+from dsim.parallel.layout import ParallelLayout
 
 
 def test_durations():
@@ -489,6 +490,27 @@ def test_what_if_with_node_failures():
     assert big["strategies"]["ttp"]["fallback"] == pytest.approx((rank_rate * p_rank + node_rate) / (rank_rate + node_rate))
     lines = report.scale_lines(rows, "1y")
     assert "holders      a node" in lines[0] and all(" survivable " in x for x in lines[1:])
+
+
+def test_what_if_keeps_the_pipeline_stages():
+    """A pipelined job (pp4 x dp2, mp1) at 8 ranks: a stage's two holders are neighbours, one server of 4 holds
+    both (fatal, as campaign n2 saw). At 1,024 ranks the stages keep, dp grows inside each (256 ranks a stage):
+    the two holders of a slice are 128 apart, no server of 8 holds both."""
+    assert scale.layout_at(1024, 1, 2, stages=4) == ParallelLayout(256, 1, 128, 4)
+    assert scale.at_size(8, 1, 2, node_size=4, stages=4) == (2, True)
+    assert scale.at_size(1024, 1, 2, node_size=8, stages=4) == (2, False)
+    assert scale.at_size(1024, 1, 2, node_size=256, stages=4) == (2, True)  # a server as large as a stage
+    from dsim.campaign.__main__ import what_if
+    costs = {"save_s": 0.5}
+    rows = [{"strategy": "fault-free"}, {"strategy": "ttp", "save_s": 0.5, "failures": [
+        {"recovery_s": 4.0, "recovered": True, "kind": "kill"}]}]
+    begin = [{"event": "train_begin", "layout": {"data_parallel": 2, "model_parallel": 1, "optimizer_shard": 1,
+                                                 "pipeline_stage": 4}}]
+    got = what_if(rows, costs, 365 * 86400, begin, node_mtbf=5 * 365 * 86400, node_size=8)
+    assert got["pipeline_stage"] == 4 and [r["node_fatal"] for r in got["rows"]] == [False] * 4
+    # servers of 256: one holds a whole stage of 1,024 ranks (both holders), not of 4,096 (holders 512 apart)
+    big = what_if(rows, costs, 365 * 86400, begin, node_mtbf=5 * 365 * 86400, node_size=256)
+    assert [r["node_fatal"] for r in big["rows"]] == [True, False, False, False]
 
 
 def test_report_table():

@@ -131,10 +131,11 @@ def what_if(rows: list, ref: dict, rank_mtbf: float, events: list, node_mtbf: fl
         downs = [f["recovery_s"] for r in mine for f in r["failures"] if f["recovered"] and f["kind"] != "sdc"]
         saves = [r["save_s"] for r in mine if r.get("save_s") is not None] or [ref.get("save_s")]
         costs[name] = {"save_s": sorted(saves)[len(saves) // 2], "down_s": analysis.percentile(downs, 50)}
+    stages = layout.get("pipeline_stage", 1)
     return {"rank_mtbf_s": rank_mtbf, "node_mtbf_s": node_mtbf, "ranks_per_node": node_size,
-            "model_parallel": layout["model_parallel"], "holders_measured": per_slice, "costs": costs,
-            "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice, node_mtbf=node_mtbf,
-                                node_size=node_size)}
+            "model_parallel": layout["model_parallel"], "pipeline_stage": stages, "holders_measured": per_slice,
+            "costs": costs, "rows": scale.table(rank_mtbf, costs, layout["model_parallel"], per_slice,
+                                                node_mtbf=node_mtbf, node_size=node_size, stages=stages)}
 
 
 def node_loss(events: list):

@@ -15,6 +15,8 @@ every rank on one at once: 1 / M = ranks / per-rank MTBF + nodes / per-node MTBF
 both kinds' chances, weighted by their rates; for a node failure p = 1 when a replica set lies wholly on one
 node at that size (survivability.nodes: the layout puts every holder of some slice on the same server),
 else at most the chance that another node fails within D_s (1 - exp(-D_s / per-node MTBF)).
+The layout at scale keeps the measured job's model parallel and pipeline stages (a stage's ranks stay
+consecutive: dp grows inside each), and its holders per slice where dp admits them.
 Step time and per-failure costs are taken as constant with the size (weak scaling); at scale restarts
 grow slower, so the model favours restarts.
 """
@@ -28,19 +30,20 @@ from ..parallel.layout import ParallelLayout
 RANKS = (1024, 4096, 16384, 65536)
 
 
-def layout_at(ranks: int, model_parallel: int, per_slice: int) -> ParallelLayout:
-    """The layout at `ranks` that keeps the measured job's `per_slice` holders per slice, or the most below it
-    that divide dp (dp = ranks / mp, optimizer shard dp / holders: 3 holders of dp3 become 2 of dp512, never
-    more than measured)."""
-    dp = max(1, ranks // model_parallel)
+def layout_at(ranks: int, model_parallel: int, per_slice: int, stages: int = 1) -> ParallelLayout:
+    """The layout at `ranks` that keeps the measured job's model parallel, pipeline stages and `per_slice`
+    holders per slice, or the most below it that divide dp (dp = ranks / (mp x stages), optimizer shard
+    dp / holders: 3 holders of dp3 become 2 of dp512, never more than measured)."""
+    dp = max(1, ranks // (model_parallel * stages))
     h = max(d for d in range(1, min(per_slice, dp) + 1) if dp % d == 0)
-    return ParallelLayout(dp, model_parallel, dp // h)
+    return ParallelLayout(dp, model_parallel, dp // h, stages)
 
 
-def at_size(ranks: int, model_parallel: int, per_slice: int, node_size: int = None) -> tuple[int, bool]:
+def at_size(ranks: int, model_parallel: int, per_slice: int, node_size: int = None,
+            stages: int = 1) -> tuple[int, bool]:
     """Holders per slice of layout_at(...), from its minimal fatal sets, and (with node_size) whether losing a
     node of node_size consecutive ranks loses every holder of some slice."""
-    s = survivability(layout_at(ranks, model_parallel, per_slice), rows=0)
+    s = survivability(layout_at(ranks, model_parallel, per_slice, stages), rows=0)
     fatal = node_size is not None and any(x["fatal_sets"] for x in s.nodes(node_size))
     return min(len(x) for x in s.fatal_sets), fatal
 
@@ -77,12 +80,12 @@ def expected(ranks: int, rank_mtbf: float, costs: dict, h: int, node_mtbf: float
 
 
 def table(rank_mtbf: float, costs: dict, model_parallel: int, per_slice: int, sizes=RANKS, node_mtbf: float = None,
-          node_size: int = 4) -> list[dict]:
+          node_size: int = 4, stages: int = 1) -> list[dict]:
     """One row per size: job MTBF, holders per slice, (with node_mtbf) whether losing a node loses a whole
-    replica set, and each strategy's expected figures."""
+    replica set, and each strategy's expected figures; the measured job's pipeline stages kept."""
     rows = []
     for n in sizes:
-        h, fatal = at_size(n, model_parallel, per_slice, node_size if node_mtbf else None)
+        h, fatal = at_size(n, model_parallel, per_slice, node_size if node_mtbf else None, stages)
         nodes = -(-n // node_size) if node_mtbf else 0
         row = {"ranks": n, "job_mtbf_s": job_mtbf(n, rank_mtbf, nodes, node_mtbf), "holders_per_slice": h,
                "strategies": expected(n, rank_mtbf, costs, h, node_mtbf, nodes, fatal)}
