@@ -115,6 +115,7 @@ class FaultConfig:
     kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | plan ($DSIM_FAULT_PLAN)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
+    last_gasp_stuck: Optional[int] = None    # this rank's last-gasp write never returns (found by tft.hang_timeout)
     step: Any = None                         # global step (1-based); or one per rank of a rank list
     epoch: Optional[int] = None              # with at: epoch_end
     at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit

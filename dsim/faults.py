@@ -25,7 +25,8 @@
 rank null means every rank (for exceptions); a list such as [0, 4] names several (they all fire), and with
 a list of steps as long as it, each rank fires at its own step (rank: [0, 5], step: [6, 13]).
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
-while the survivors save.
+while the survivors save; `last_gasp_stuck: R` makes that write never return instead (a dead file system:
+tft.hang_timeout's watch kills it, and the others save without it).
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
@@ -102,12 +103,12 @@ class FaultInjector(Callback):
 
     def __init__(self, kind: str, rank=None, step: Optional[int] = None,
                  epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None,
-                 slowdown: float = 4.0):
+                 slowdown: float = 4.0, last_gasp_stuck: Optional[int] = None):
         self.kind, self.epoch, self.at, self.slowdown = kind, epoch, at, slowdown
         self.ranks = None if rank is None else list(rank if isinstance(rank, list) else [rank])
         self.steps = step if isinstance(step, list) else None  # one step per rank
         self.step = None if self.steps else step
-        self.last_gasp_kill = last_gasp_kill
+        self.last_gasp_kill, self.last_gasp_stuck = last_gasp_kill, last_gasp_stuck
         self.fired = False
         self.in_place = None  # dsim.ft.in_place.InPlace where a UCE may be repaired in place (set by begin)
 
@@ -222,6 +223,11 @@ def during_last_gasp(rank: int, global_step: int) -> None:
         event("fault", any_rank=True, kind="kill", rank=rank, where="during the last-gasp save",
               at="last_gasp", global_step=global_step)
         kill(f"dsim: fault: killing rank {rank} (SIGKILL) during the last-gasp save of step {global_step}")
+    if f is not None and f.last_gasp_stuck == rank:
+        event("fault", any_rank=True, kind="stuck", rank=rank, where="during the last-gasp save",
+              at="last_gasp", global_step=global_step)
+        stall(f"dsim: fault: rank {rank} is stuck (its last-gasp write never returns) during the last-gasp save of "
+              f"step {global_step}")
 
 
 POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "commit")

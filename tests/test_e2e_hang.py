@@ -111,6 +111,25 @@ def test_a_rank_stuck_in_its_save_is_killed_then_the_last_gasp_and_the_resume_ar
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+def test_a_rank_stuck_in_its_last_gasp_write_is_killed_and_the_others_save_without_it(tmp_path):
+    """Rank 3 dies; rank 6's last-gasp write never returns (a dead file system). The survivors wait for it in
+    the last gasp's agreement; the watch, which before judged only steps and saves, kills it, and the last gasp
+    starts again without it (rank 2, its replica, writes its files). (Resumes from such a gasp: test_e2e_last_gasp.)"""
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", *WATCH]
+    crash = mpirun(8, [*opts, *fault("kill", 3, "forward", 13, "--set", "fault.last_gasp_stuck=6")], cwd=tmp_path,
+                   timeout=120, ft=True)
+    assert "dsim: fault: rank 6 is stuck (its last-gasp write never returns) during the last-gasp save of step 12" \
+        in crash.stdout, crash.stdout
+    assert re.search(r"dsim: hang watch: rank 6 \(pid \d+\) is stuck: its process runs, its last-gasp save has made "
+                     r"no progress outside a collective for \d+\.\d s \(step 13, timeout 3 s\): killed", crash.stdout)
+    hang, = events(tmp_path, "hang")
+    assert (hang["rank"], hang["how"], hang["work"]) == (6, "stuck", "last gasp")
+    errors = error_lines(crash)
+    assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 3, 6 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed in "
+        "run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_12 by 6 survivors"), crash.stderr
+
+
 def test_a_frozen_rank_is_killed_and_a_warm_spare_takes_its_place(ft_reference, tmp_path):
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
     args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",

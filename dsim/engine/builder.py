@@ -86,7 +86,8 @@ class Run:
             cbs.append(ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error))
         if cfg.fault.kind:
             f = cfg.fault
-            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill, f.slowdown))
+            cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill, f.slowdown,
+                                     f.last_gasp_stuck))
         t = cfg.tft
         if t.hang_timeout or t.straggler_factor:
             from ..ft.hang import HangWatch

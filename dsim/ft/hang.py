@@ -48,6 +48,8 @@ from .straggler import StragglerJudge
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
+WORK = {"step": "step", "save": "save", "comparison": "comparison of replicas", "evaluation": "evaluation",
+        "last gasp": "last-gasp save"}  # the work watched (progress.watched) in the watch's lines
 
 
 class HangWatch(Callback):
@@ -140,8 +142,7 @@ class HangWatch(Callback):
             if self.said == began or now - since <= 2 * self.timeout:
                 return  # looked again at every heartbeat (a stuck rank's stall grows); said once, later
             self.said = began
-            work = {"save": "the save of ", "comparison": "the comparison of replicas of ",
-                    "evaluation": "the evaluation after "}.get(progress.work, "")
+            work = f"the {WORK[progress.work]} of " if progress.work in WORK and progress.work != "step" else ""
             say(f"dsim: hang watch: rank {self.rank}: {work}step {self.step} has gone on for {now - since:.0f} s; "
                 "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting")
             return
@@ -159,9 +160,8 @@ class HangWatch(Callback):
             what = f"has not run for {ago:.1f} s"
         else:
             ago = record["stalled"] + now - record["time"]
-            work = {"save": "its save", "comparison": "its comparison of replicas",
-                    "evaluation": "its evaluation"}.get(record.get("work"), "its step")
-            what = f"is stuck: its process runs, {work} has made no progress outside a collective for {ago:.1f} s"
+            work = WORK.get(record.get("work"), "step")
+            what = f"is stuck: its process runs, its {work} has made no progress outside a collective for {ago:.1f} s"
         # a stuck rank's own step (it may be a step behind the others); a frozen one's last beat may be steps old
         step = record["step"] if how == "stuck" else self.step
         event("hang", any_rank=True, rank=record["rank"], how=how, frozen_for=round(ago, 3), global_step=step,

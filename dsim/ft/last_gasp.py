@@ -33,6 +33,7 @@ from ..checkpoint.format import write_file
 from ..checkpoint.group_info import group_info_attr, replica_sets
 from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
 from ..engine.callbacks import event
+from ..parallel import progress
 from .ulfm import revoke, revoke_groups, shrink
 
 PREFIX = "ttp"
@@ -96,7 +97,8 @@ class Survey:
 
 def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
     """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
-    reports = comm.allgather((me, sorted(states), noticed_at))
+    with progress.waiting():
+        reports = comm.allgather((me, sorted(states), noticed_at))
     offers = {r: set(steps) for r, steps, _ in reports}
     return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t in reports))
 
@@ -169,19 +171,23 @@ def without_checkpoint(run, damaged: bool) -> Outcome:
 
 
 def save(run, noticed_at: float) -> Outcome:
-    """Write and commit the last-gasp checkpoint from the survivors (collective over the living ranks)."""
-    revoke_groups(run.groups)
-    states = run.optimizer.states()
-    sets = replica_sets(run.groups.layout)
-    for attempt in range(ATTEMPTS):
-        comm, failed = shrink(run.groups.world)
-        try:
-            return _attempt(run, comm, failed, states, sets, noticed_at)
-        except MPI.Exception:
-            if attempt == ATTEMPTS - 1:
-                raise
-            revoke(comm)  # another rank died during the last gasp: everyone starts again from the shrink
-    raise AssertionError("unreachable")
+    """Write and commit the last-gasp checkpoint from the survivors (collective over the living ranks). Its
+    progress is watched (tft.hang_timeout): a survivor frozen or stuck in it (a write that never returns) is
+    killed, and the others start again without it."""
+    with progress.watched("last gasp"):
+        revoke_groups(run.groups)
+        states = run.optimizer.states()
+        sets = replica_sets(run.groups.layout)
+        for attempt in range(ATTEMPTS):
+            with progress.waiting():
+                comm, failed = shrink(run.groups.world)
+            try:
+                return _attempt(run, comm, failed, states, sets, noticed_at)
+            except MPI.Exception:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                revoke(comm)  # another rank died during the last gasp: everyone starts again from the shrink
+        raise AssertionError("unreachable")
 
 
 def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
@@ -193,13 +199,13 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     p = seen.plan(sets)
     corrupt = compare_replicas(run, comm, me, states, sets, p.step) if p.step is not None else []
     if corrupt:
-        comm.Agree(1)
+        _agree(comm, 1)
         if comm.rank == 0:
             event("sdc", any_rank=True, global_step=p.step, found=corrupt, at="last_gasp")
             event("last_gasp_lost", any_rank=True, failed=failed, lost=[f["holders"] for f in corrupt])
         return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0)
     if p.step is None:
-        comm.Agree(1)  # nothing is written: just agree that all know
+        _agree(comm, 1)  # nothing is written: just agree that all know
         out = Outcome(failed, damaged, lost=p.lost, stages=lost_stages(run, p.lost), survivors=comm.size,
                       lead=comm.rank == 0)
         if comm.rank == 0:
@@ -212,7 +218,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     record_path = cm.commit_path(directory, name)
     if record_path.exists():  # saved before (a failure in the first step after resuming from it, or the
         # committer died after committing): never overwrite it
-        comm.Agree(1)
+        _agree(comm, 1)
         return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0,
                        existing=True)
     ok, error = 1, None
@@ -222,8 +228,9 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
                 _write(run, directory, rank, p.step, states[p.step])
     except Exception as e:  # a disk error: every survivor must learn of it
         ok, error = 0, f"rank {me}: {type(e).__name__}: {e}"
-    if not comm.Agree(ok):
-        errors = [e for e in comm.allgather(error) if e]
+    if not _agree(comm, ok):
+        with progress.waiting():
+            errors = [e for e in comm.allgather(error) if e]
         raise RuntimeError(f"last-gasp checkpoint of step {p.step} not saved: {errors[0]}")
     if comm.rank == 0:
         cm.write_commit(directory, {
@@ -232,7 +239,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
             "integrated_save": False, "files": {str(r): file_name(r, epoch, in_epoch) for r in sorted(p.writers)},
             "last_gasp": {"failed": failed, "writers": {str(r): w for r, w in sorted(p.writers.items())}},
             "time": time.time()})
-    comm.Agree(1)  # the committer is past the commit (or this raises and all start again)
+    _agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
                   lead=comm.rank == 0)
@@ -249,7 +256,8 @@ def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
         return []
     from .sdc import differing_in_sets, state_digests
     mine = state_digests(run.optimizer, states[step]) if step in states else None
-    held = {r: digests for r, digests in comm.allgather((me, mine)) if digests is not None}
+    with progress.waiting():
+        held = {r: digests for r, digests in comm.allgather((me, mine)) if digests is not None}
     return differing_in_sets(held, sets)
 
 
@@ -261,4 +269,11 @@ def _write(run, directory, rank, step, arrays) -> None:
             "group_info": group_info_attr(run.groups.layout, rank), "last_gasp": True}
     me = run.groups.world.rank
     write_file(directory / file_name(rank, epoch, in_epoch), meta, state_tensors(run.network, run.optimizer, arrays),
-               append_info(cfg.append_info, epoch, step), lambda: faults.during_last_gasp(me, step))
+               append_info(cfg.append_info, epoch, step), lambda: faults.during_last_gasp(me, step),
+               after_each=progress.tick)
+
+
+def _agree(comm, flag: int) -> int:
+    """comm.Agree(flag), marked as a wait (the hang watch tells a survivor waiting here from a stuck one)."""
+    with progress.waiting():
+        return comm.Agree(flag)

@@ -17,7 +17,7 @@ from collections import deque
 from contextlib import contextmanager
 
 computing = False  # inside work watched: a step's computation (Model.train_step), a save, a comparison, ...
-work = None        # which: "step", "save", "comparison" or "evaluation" (the innermost)
+work = None        # which: "step", "save", "comparison", "evaluation" or "last gasp" (the innermost)
 waits = 0          # how many waits the main thread is inside (nested: a sum inside a pipeline's wait)
 last = 0.0         # time.monotonic() of the main thread's last sign of progress
 began = None       # time.monotonic() when the outermost work watched began (None: outside any)
@@ -63,9 +63,9 @@ def waiting():
 @contextmanager
 def watched(what: str = "step"):
     """Work of the job the main thread is judged by its progress in (see the module doc): `what`, "step" (its
-    computation), "save" (a checkpoint's), "comparison" (the replicas': dsim.ft.sdc) or "evaluation"
-    (Model.eval). Nested (a save compares first), the innermost names it and the outermost decides when it
-    began and ends."""
+    computation), "save" (a checkpoint's), "comparison" (the replicas': dsim.ft.sdc), "evaluation"
+    (Model.eval) or "last gasp" (dsim.ft.last_gasp). Nested (a save compares first), the innermost names it
+    and the outermost decides when it began and ends."""
     global computing, work, last, began, timed
     kept, outer, computing, work, last = computing, work, True, what, time.monotonic()
     if not kept:
