@@ -79,13 +79,16 @@ def test_kill_is_healed_by_a_spawned_replacement(ft_reference, tmp_path):
     proc = mpirun(8, args, cwd=tmp_path, check=0, ft=True)
     out = proc.stdout
     assert "dsim: fault: killing rank 3 (SIGKILL) during the update of step 13" in out
-    assert ("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7 (group info [3, 7]); "
-            "world size back to 8; training goes on after step 13") in out, out
+    # rank 3 from its replica; another rank may be repaired too (seen in CI: rank 1 from rank 5, when the kill
+    # reached it before the last of step 13's all-gather did: it did not hold step 13, its replica did)
+    line = next(x for x in out.splitlines() if x.startswith("dsim: heal: rank(s) 3 died; repaired in the job: "))
+    assert "rank 3 from rank 7 (group info [3, 7])" in line and "; world size back to 8; training goes on after step 13" \
+        in line, line
     assert re.search(FINISHED.format("heal", 14), out), out
-    assert LOSS.findall(out) == ref_losses  # step 13 finished everywhere but on rank 3: nothing is redone
+    assert LOSS.findall(out) == ref_losses  # step 13 finished on the replicas of every slice: nothing is redone
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
     heal, = events(tmp_path, "heal")
-    assert heal["failed"] == [3] and heal["world_size"] == 8 and heal["global_step"] == 13
+    assert heal["failed"] == [3] and heal["world_size"] == 8 and heal["global_step"] == 13 and heal["donors"]["3"] == 7
 
 
 def test_two_ranks_killed_at_once_are_replaced_by_two_spawned_processes(ft_reference, tmp_path):

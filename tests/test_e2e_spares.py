@@ -33,8 +33,11 @@ def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
     assert "+ mpirun --with-ft ulfm --stdin none -n 9 python -m dsim.train" in proc.stderr
     out = proc.stdout
     assert out.splitlines()[0].endswith("; 1 warm spare(s)"), out
-    assert ("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7 (group info [3, 7]); world size "
-            "back to 8 (rank(s) 3 taken by a warm spare, 0 left); training goes on after step 13") in out, out
+    # rank 3 from its replica (another rank may be repaired too, when the kill reached it inside step 13's
+    # all-gather: seen in CI for the spawned replacement, test_e2e_inprocess)
+    line = next(x for x in out.splitlines() if x.startswith("dsim: heal: rank(s) 3 died; repaired in the job: "))
+    assert "rank 3 from rank 7 (group info [3, 7])" in line and (
+        "; world size back to 8 (rank(s) 3 taken by a warm spare, 0 left); training goes on after step 13") in line, line
     assert re.search(r"dsim: heal: step 14 finished \d+ ms after the fault", out), out
     assert LOSS.findall(out) == ref_losses
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
