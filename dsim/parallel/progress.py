@@ -90,13 +90,6 @@ def stalled_for(now: float) -> float | None:
     return now - last
 
 
-def going_on_for(now: float) -> float | None:
-    """Seconds the work watched (a step's computation, a save) has gone on (`now`: time.monotonic()), waits
-    included; None outside it."""
-    b = began
-    return None if b is None else now - b
-
-
 def step_time() -> tuple[float | None, int]:
     """The median of the last few steps' computing times outside waits (seconds; None before any), and how many
     steps were measured in all."""
