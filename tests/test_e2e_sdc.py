@@ -4,7 +4,7 @@ back in the job to the newest committed checkpoint (compared before it was saved
 bit-identical to an uninterrupted run; with `tft.sdc_rollback: false` the job stops with one line naming the
 damaged replica(s), nothing is saved from the damaged state, and the resume is bit-identical.
 A bit flipped and not yet found when a rank dies: the last gasp compares the replicas first and saves
-nothing from them. Every mpirun has a timeout."""
+nothing from them; one with a lone holder left saves it and says it was not compared. Every mpirun has a timeout."""
 import json
 
 import pytest
@@ -92,3 +92,24 @@ def test_a_last_gasp_is_not_saved_from_replicas_that_differ(ft_reference, tmp_pa
     assert "sdc" not in proc.stdout  # nothing damaged left
     assert LOSS.findall(proc.stdout) == ref_losses[7:]  # steps 8..20, bit for bit
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_last_gasp_from_a_lone_holder_says_it_was_not_compared(tmp_path):
+    """A bit flips on rank 5 in step 9, and rank 1, its only replica, dies in step 10: the last gasp has one
+    holder of their slices, nothing to compare them with. It saves them (the other survivors' slices compared
+    equal), and says which were not compared, in its line, its event and its commit record: a flip there would
+    go on unfound after the resume (both holders restored from the one)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"rank": 5, "kind": "sdc", "at": "forward", "step": 9},
+                                           {"rank": 1, "kind": "kill", "at": "update", "step": 10}]}))
+    crash = mpirun(8, ["-m", "dsim.train", *OPTS, *CHECK, "--set", "tft.ttp=true", "--set", "fault.kind=plan"],
+                   cwd=tmp_path, timeout=120, check=1, ft=True, env={"DSIM_FAULT_PLAN": str(plan)})
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith("dsim: error: rank(s) 1 failed; last-gasp checkpoint ttp-1_"), errors
+    assert ("ms after the failure was noticed; not compared since the last check (one surviving holder): the slices "
+            "of ranks [1, 5]; resume (--resume auto) continues at step") in errors[0], errors
+    assert not events(tmp_path, "sdc")  # the holders of every other slice agreed
+    saved, = events(tmp_path, "last_gasp_saved")
+    assert saved["unverified"] == [[1, 5]] and saved["global_step"] in (9, 10)
+    record, = (tmp_path / "run" / "checkpoints" / "ttp_checkpoints").rglob("*.commit")
+    assert json.loads(record.read_text())["last_gasp"]["unverified"] == [[1, 5]]
