@@ -43,6 +43,7 @@ from typing import Optional
 from ..engine.callbacks import Callback, event, say
 from ..faults import same_process, started
 from ..parallel import progress
+from ..parallel.layout import ParallelLayout
 from .straggler import StragglerJudge
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
@@ -173,7 +174,7 @@ class HangWatch(Callback):
 def _stage_size(cb) -> int:
     """Ranks per pipeline stage of the layout training now (the straggler watch compares within a stage)."""
     layout = getattr(cb, "layout", None)
-    return layout["data_parallel"] * layout["model_parallel"] if layout else cb.world_size
+    return ParallelLayout(**layout).stage_size if layout else cb.world_size
 
 
 def leave() -> None:

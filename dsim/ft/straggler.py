@@ -34,8 +34,9 @@ def find_stragglers(records: list[dict], world_size: int, stage_size: int, facto
     for ranks in stages.values():
         for r in ranks:
             others = [x["step_time"] for x in ranks if x is not r]
-            if others and r["step_time"] > factor * statistics.median(others):
-                out.append((r, statistics.median(others)))
+            median = statistics.median(others) if others else None
+            if median is not None and r["step_time"] > factor * median:
+                out.append((r, median))
     return out
 
 

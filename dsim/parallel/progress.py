@@ -7,7 +7,8 @@ its work (a step's computation, a save, the replicas' comparison, an evaluation)
 no sign of progress for as long as they have waited. Signs of progress: entering or leaving a collective, each
 layer's forward or backward (check_revoked), each parameter's update, each tensor a save writes (or its
 background writer: the wait for it is not for another rank) or a comparison reads.
-A few attribute writes a layer or a collective: nothing is measured or allocated here.
+A few attribute writes a layer or a collective, and per step one float kept (its time outside waits, for the
+straggler watch): nothing parameter-sized.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def pace() -> None:
 
 @contextmanager
 def waiting():
-    """The main thread waits for others while in it: a collective, a receive from another rank, an async save's
-    background write the update must not overtake."""
+    """The main thread waits for others while in it: a collective, a receive from another rank (not its own
+    async save's writer: that wait is judged by the writer's progress, each tensor a tick)."""
     global waits, last, waited, _wait_began
     waits += 1
     last = time.monotonic()
