@@ -116,6 +116,9 @@ class FaultConfig:
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     last_gasp_stuck: Optional[int] = None    # this rank's last-gasp write never returns (found by tft.hang_timeout)
+    repair_kill: Optional[int] = None        # also kill this rank during a repair in the job (at repair_at)
+    repair_hang: Optional[int] = None        # this rank freezes (SIGSTOP) during a repair in the job (at repair_at)
+    repair_at: str = "refill"                # refill (the dead rank's place not filled yet) | exchange (filled)
     step: Any = None                         # global step (1-based); or one per rank of a rank list
     epoch: Optional[int] = None              # with at: epoch_end
     at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
@@ -324,6 +327,8 @@ def validate(cfg: Config) -> None:
     from .faults import PLAN_POINTS, POINTS, STUCK_POINTS
     if f.at not in POINTS:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
+    if f.repair_at not in ("refill", "exchange"):
+        raise ConfigError(f"config: fault.repair_at must be refill or exchange, got {f.repair_at!r}")
     if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges
         raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation or a save: fault.at must "
                           f"be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")

@@ -27,6 +27,10 @@ a list of steps as long as it, each rank fires at its own step (rank: [0, 5], st
 `last_gasp_kill: R` also kills rank R half-way through writing its last-gasp files: a second failure
 while the survivors save; `last_gasp_stuck: R` makes that write never return instead (a dead file system:
 tft.hang_timeout's watch kills it, and the others save without it).
+`repair_kill: R` kills rank R during a repair in the job (tft.arf, tft.spares, tft.uce), and `repair_hang: R`
+freezes it there (tft.hang_timeout's watch kills it): at `repair_at: refill` (the default) the survivors have
+agreed on the step and the dead rank's place is not filled yet, at `exchange` the new world is formed and the
+state has not moved. Either way the repair is given up on every living rank alike and the last gasp follows.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
@@ -103,12 +107,14 @@ class FaultInjector(Callback):
 
     def __init__(self, kind: str, rank=None, step: Optional[int] = None,
                  epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None,
-                 slowdown: float = 4.0, last_gasp_stuck: Optional[int] = None):
+                 slowdown: float = 4.0, last_gasp_stuck: Optional[int] = None, repair_kill: Optional[int] = None,
+                 repair_hang: Optional[int] = None, repair_at: str = "refill"):
         self.kind, self.epoch, self.at, self.slowdown = kind, epoch, at, slowdown
         self.ranks = None if rank is None else list(rank if isinstance(rank, list) else [rank])
         self.steps = step if isinstance(step, list) else None  # one step per rank
         self.step = None if self.steps else step
         self.last_gasp_kill, self.last_gasp_stuck = last_gasp_kill, last_gasp_stuck
+        self.repair_kill, self.repair_hang, self.repair_at = repair_kill, repair_hang, repair_at
         self.fired = False
         self.in_place = None  # dsim.ft.in_place.InPlace where a UCE may be repaired in place (set by begin)
 
@@ -228,6 +234,27 @@ def during_last_gasp(rank: int, global_step: int) -> None:
               at="last_gasp", global_step=global_step)
         stall(f"dsim: fault: rank {rank} is stuck (its last-gasp write never returns) during the last-gasp save of "
               f"step {global_step}")
+
+
+def during_repair(rank: int, global_step: int, point: str) -> None:
+    """Called at `point` of a survivor's repair in the job (training to go on after `global_step`): "refill", the
+    survivors agreed on the step and the dead rank's place is not filled yet; "exchange", the new world is
+    formed and the slices have not moved. The configured second failure strikes at fault.repair_at."""
+    f = _armed
+    if f is None or f.repair_at != point:
+        return
+    where = ("before the dead rank's place is filled" if point == "refill" else
+             "before the state is exchanged")
+    if f.repair_kill == rank:
+        event("fault", any_rank=True, kind="kill", rank=rank, where=f"during a repair in the job, {where}",
+              at=f"repair_{point}", global_step=global_step)
+        kill(f"dsim: fault: killing rank {rank} (SIGKILL) during the repair in the job, {where} (training to go on "
+             f"after step {global_step})")
+    if f.repair_hang == rank:
+        event("fault", any_rank=True, kind="hang", rank=rank, where=f"during a repair in the job, {where}",
+              at=f"repair_{point}", global_step=global_step)
+        freeze(f"dsim: fault: rank {rank} freezes (SIGSTOP) during the repair in the job, {where} (training to go "
+               f"on after step {global_step})")
 
 
 POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "commit")

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     from .ft.inprocess import join_spawned, take_place
     parent = MPI.Comm.Get_parent()
     if parent != MPI.COMM_NULL:  # a replacement spawned by the survivors of a dead rank (tft.arf)
-        return train(*join_spawned(parent))
+        return join(join_spawned, parent)
     comm, pool = MPI.COMM_WORLD, None
     try:
         if args.repair and not args.resume:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             code, place = spares.wait(pool)  # until released at the end, or given a dead rank's place
             if place is None:
                 return spares.finish(code)   # released: no collective left for it
-            return train(*take_place(place.world, place.pool, place.joining))
+            return join(take_place, place.world, place.pool, place.joining)
         run = build_run(cfg, world)
         run.spares = pool
         if world.rank == 0:
@@ -107,6 +107,20 @@ def main(argv=None) -> int:
             pool.release(2)
         return 2
     return train(run, initial_epoch * run.loader.get_dataset_size())
+
+
+def join(how, *args) -> int:
+    """A newcomer (a spare, or spawned) takes a dead rank's place and trains; exit status 1 when the repair it
+    joined failed (another rank died during it: the survivors save the last gasp and the job ends)."""
+    from mpi4py import MPI
+
+    from .ft.inprocess import RepairInterrupted
+    from .ft.spares import finish
+    try:
+        run, step, joining = how(*args)
+    except (RepairInterrupted, MPI.Exception):
+        return finish(1)
+    return train(run, step, joining)
 
 
 def train(run, step: int, joining=None) -> int:

@@ -130,6 +130,37 @@ def test_a_rank_stuck_in_its_last_gasp_write_is_killed_and_the_others_save_witho
         "run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_12 by 6 survivors"), crash.stderr
 
 
+def test_a_rank_frozen_during_a_repair_in_the_job_is_killed_then_the_last_gasp_and_the_resume_are_bit_identical(
+        ft_reference, tmp_path):
+    """Rank 3 dies; the survivors agree to give its place to the warm spare; rank 1 freezes before the refill.
+    The others wait for it in the pool's shrink: the repair is watched work (before, nothing judged it and the job
+    hung for ever). The watch kills rank 1; the refill finds it gone on every living process alike, the repair
+    is given up, the 6 survivors save the last gasp of step 12 and the spare leaves with the job."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, *WATCH]
+    crash = mpirun(9, [*opts, "--set", "tft.spares=1", *fault("kill", 3, "forward", 13, "--set", "fault.repair_hang=1")],
+                   cwd=tmp_path, timeout=120, ft=True)
+    assert ("dsim: fault: rank 1 freezes (SIGSTOP) during the repair in the job, before the dead rank's place is "
+            "filled (training to go on after step 12)") in crash.stdout, crash.stdout
+    assert re.search(r"dsim: hang watch: rank 1 \(pid \d+\) has not run for \d+\.\d s \(step 13, timeout 3 s\): "
+                     r"killed \(SIGKILL\), as a failed rank", crash.stdout), crash.stdout
+    hang, = events(tmp_path, "hang")
+    assert (hang["rank"], hang["how"]) == (1, "frozen") and hang["frozen_for"] >= TIMEOUT
+    assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal")
+    assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back to "
+            "the last-gasp checkpoint") in crash.stderr, crash.stderr
+    no_repair, = events(tmp_path, "no_repair")
+    assert no_repair["died_during"] == [1]
+    errors = error_lines(crash)
+    assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed in "
+        "run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_12 by 6 survivors"), crash.stderr
+    assert "internal error" not in crash.stderr and "spare: every training process" not in crash.stderr
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[12:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
 def test_a_frozen_rank_is_killed_and_a_warm_spare_takes_its_place(ft_reference, tmp_path):
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
     args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",

@@ -165,3 +165,23 @@ def test_kill_without_healing_falls_back_to_the_last_gasp(ft_reference, tmp_path
     assert error.startswith("dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed")
     proc = mpirun(8, [*UCE, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
     assert LOSS.findall(proc.stdout) == ft_reference("dp2xmp4")[0][12:]
+
+
+def test_a_rank_killed_during_the_repair_gives_it_up_on_every_rank_and_the_last_gasp_follows(tmp_path):
+    """Rank 3 dies; its replacement is spawned and joins; rank 1 dies before the state moves. Some ranks would
+    finish their part of the exchange (rank 1 sends to nobody) and go on: the ranks agree (MPI_Comm_agree)
+    whether every part worked, so none goes on; the replacement leaves, the 6 survivors save the last gasp."""
+    args = ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true",
+            *fault("kill", 3, "forward", 13, "--set", "fault.repair_kill=1", "--set", "fault.repair_at=exchange")]
+    crash = mpirun(8, args, cwd=tmp_path, timeout=120, ft=True)
+    assert ("dsim: fault: killing rank 1 (SIGKILL) during the repair in the job, before the state is exchanged "
+            "(training to go on after step 12)") in crash.stdout, crash.stdout
+    assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal") and not events(tmp_path, "recovered")
+    assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back to "
+            "the last-gasp checkpoint") in crash.stderr, crash.stderr
+    error, = error_lines(crash)
+    assert crash.returncode == 1 and error.startswith(
+        "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+    assert "internal error" not in crash.stderr and "Traceback" not in crash.stderr, crash.stderr
+    fired = [(e["rank"], e["at"]) for e in events(tmp_path, "fault")]
+    assert fired == [(3, "forward"), (1, "repair_exchange")]

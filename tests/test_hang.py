@@ -211,6 +211,14 @@ def test_a_stuck_fault_strikes_inside_a_step_or_a_save(at):
         assert load_config(None, ["fault.kind=stuck", "fault.rank=1", "fault.step=3", f"fault.at={ok}"]).fault.at == ok
 
 
+def test_a_second_failure_during_a_repair_strikes_at_a_point_of_it():
+    cfg = load_config(None, ["fault.repair_hang=1", "fault.repair_at=exchange"])
+    assert (cfg.fault.repair_hang, cfg.fault.repair_kill, cfg.fault.repair_at) == (1, None, "exchange")
+    assert load_config(None, ["fault.repair_kill=2"]).fault.repair_at == "refill"
+    with pytest.raises(ConfigError, match="config: fault.repair_at must be refill or exchange, got 'spawn'"):
+        load_config(None, ["fault.repair_kill=1", "fault.repair_at=spawn"])
+
+
 def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
     from dsim.ft import hang
     watch = HangWatch(1.0, tmp_path)

@@ -5,7 +5,7 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.ft.spare_count import config_options, spares
-from dsim.ft.spares import assign, orphaned, training_ranks
+from dsim.ft.spares import assign, died_since, orphaned, training_ranks
 from dsim.nn import create_network
 from dsim.parallel.layout import ParallelLayout
 
@@ -39,6 +39,14 @@ def test_spares_take_the_dead_ranks_lowest_first_and_the_rest_are_spawned():
     assert assign(roles, [5, 3]) == ({7: 3, 8: 5}, [], [])
     assert assign([0, 2, None], [3, 1, 5]) == ({2: 1}, [3, 5], [])
     assert assign(list(range(8)), []) == ({}, [], [])
+
+
+def test_a_training_rank_gone_from_the_refill_that_was_not_to_be_replaced_died_during_the_repair():
+    # rank 3 died; the survivors agreed to replace it; rank 1 died before the pool's shrink, which left it out
+    assert died_since(8, [3], [0, 2, 4, 5, 6, 7, None]) == [1]
+    assert died_since(8, [3], [0, 1, 2, 4, 5, 6, 7, None]) == []
+    assert died_since(8, [1, 6], [0, 2, 3, 4, 5, 7, None, None]) == []
+    assert died_since(4, [0], [None, 3, 2]) == [1]  # the order of the pool is not the world's
 
 
 def test_a_spare_is_orphaned_only_when_every_training_process_beside_it_is_gone():

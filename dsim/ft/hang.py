@@ -50,7 +50,7 @@ HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
 WORK = {"step": "step", "save": "save", "comparison": "comparison of replicas", "evaluation": "evaluation",
-        "last gasp": "last-gasp save"}  # the work watched (progress.watched) in the watch's lines
+        "last gasp": "last-gasp save", "repair": "repair in the job"}  # the work watched (progress.watched) in the watch's lines
 
 
 class HangWatch(Callback):

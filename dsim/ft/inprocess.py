@@ -25,10 +25,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .. import faults
 from ..checkpoint.group_info import group_info, replica_sets
 from ..config import ConfigError, FaultConfig, config_from_dict
 from ..engine.callbacks import event, say
 from ..faults import UCEError
+from ..parallel import progress
 from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError
 from . import elastic, spares as warm, ulfm
@@ -44,6 +46,15 @@ class CannotRepair(Exception):
     def __init__(self, message: str, lead: bool):
         super().__init__(message)
         self.lead = lead  # the lowest living rank, which reports it
+
+
+class RepairInterrupted(CannotRepair):
+    """Another rank failed during a repair in the job: every living rank falls back to the last gasp alike, whose
+    lowest living rank says so (only the last gasp knows who lives then)."""
+
+    def __init__(self, what: str, failed: list):
+        super().__init__(f"{what}; another rank failed during the repair", lead=False)
+        self.what, self.failed = what, failed
 
 
 class InProcessRecovery:
@@ -78,7 +89,14 @@ class InProcessRecovery:
                 event("recovered", any_rank=True, global_step=global_step, seconds=round(seconds, 4), fault=what)
 
     def recover(self, exc, callbacks) -> int:
-        """Repair the job in place; returns the global step training goes on from. Collective over the living."""
+        """Repair the job in place; returns the global step training goes on from. Collective over the living.
+
+        Watched as a wait (tft.hang_timeout: dsim.ft.hang): a rank frozen during the repair is killed, and the
+        repair, like one that another death interrupts, falls back to the last gasp (RepairInterrupted)."""
+        with progress.watched("repair"), progress.waiting():
+            return self._recover(exc, callbacks)
+
+    def _recover(self, exc, callbacks) -> int:
         t = time.time()
         run, cfg = self.run, self.run.cfg.tft
         old = run.groups
@@ -104,15 +122,18 @@ class InProcessRecovery:
         t0 = time.time()
         world, filled = comm, None
         try:
+            faults.during_repair(old.world.rank, p.step, "refill")
             if failed:
                 filled = self._refill(comm, failed, p, callbacks, t_fault)
                 world = filled.world
             groups = Groups(world, layout)
-            exchange(groups, p.writers, run.optimizer, p.step)
-            run.optimizer.sync(groups.shard)  # whole model-parallel slices again from the owned parts
-        except MPI.Exception:
+            faults.during_repair(old.world.rank, p.step, "exchange")
+        except (MPI.Exception, warm.RefillFailed):
             ulfm.revoke(comm, world)  # another failure during the repair: nobody may wait on the new world
-            raise                     # (the caller falls back to the last gasp)
+            raise RepairInterrupted(what, failed) from None  # (the caller falls back to the last gasp)
+        if not restore(groups, p.writers, run.optimizer, p.step):
+            ulfm.revoke(comm)
+            raise RepairInterrupted(what, failed)
         run.groups = run.model.groups = groups
         self.pending = (t_fault, "heal" if failed else "uce", groups.world.rank == 0)
         if lead:  # the lowest survivor (a replacement may be rank 0 now)
@@ -141,7 +162,7 @@ class InProcessRecovery:
             raise CannotRepair(f"{what}; it cannot go on with fewer ranks: {e}", lead) from None
         except MPI.Exception:
             ulfm.revoke(comm)  # another failure during the move: the caller falls back to the last gasp
-            raise
+            raise RepairInterrupted(what, failed) from None
         idle = list(range(new.world_size, comm.size))
         if fresh is None:
             raise elastic.Idle(comm)
@@ -167,7 +188,8 @@ class InProcessRecovery:
     def _refill(self, comm, failed, p, callbacks, t_fault):
         """Fill the dead ranks' places from the warm spares, else by spawning, and order the new world (ARF)."""
         run = self.run
-        joining = {"cfg": run.cfg.to_dict(), "ranks": failed, "step": p.step, "writers": p.writers,
+        joining = {"cfg": run.cfg.to_dict(), "ranks": failed, "world_size": run.groups.world.size,
+                   "step": p.step, "writers": p.writers,
                    "fault_time": t_fault,
                    "callbacks": {type(c).__name__: c.join_state() for c in callbacks if hasattr(c, "join_state")}}
         pool = run.spares
@@ -186,6 +208,25 @@ def describe(failed, damaged) -> str:
     if damaged:
         parts.append(f"rank(s) {', '.join(map(str, damaged))} had an uncorrectable memory error (UCE)")
     return " and ".join(parts)
+
+
+def restore(groups, writers: dict, optimizer, step: int) -> bool:
+    """Every rank of the new world holds `step`'s state (exchange, then whole model-parallel slices from the owned
+    parts), or none goes on: whether it worked, the same answer on every living rank (MPI_Comm_agree), even when
+    a rank dies during it. A rank whose exchange failed revokes the world first: nobody waits for its messages."""
+    ok = 1
+    try:
+        exchange(groups, writers, optimizer, step)
+        optimizer.sync(groups.shard)
+    except MPI.Exception:
+        ok = 0
+        ulfm.revoke_groups(groups)
+    try:
+        with progress.waiting():
+            return bool(groups.world.Agree(ok))
+    except MPI.Exception:
+        ulfm.revoke_groups(groups)
+        return False
 
 
 def exchange(groups, writers: dict, optimizer, step: int) -> None:
@@ -248,8 +289,8 @@ def take_place(world, pool, joining):
     run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
     run.spares = pool
     step = joining["step"]
-    exchange(run.groups, joining["writers"], run.optimizer, step)
-    run.optimizer.sync(run.groups.shard)
+    if not restore(run.groups, joining["writers"], run.optimizer, step):
+        raise RepairInterrupted(f"rank(s) {', '.join(map(str, joining['ranks']))} died", joining["ranks"])
     run.loader.set_init_step(step)
     run.model.recovery.pending = (joining["fault_time"], "heal", run.groups.world.rank == 0)
     return run, step, joining

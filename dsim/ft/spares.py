@@ -138,7 +138,10 @@ def wait(pool: SparePool):
                 return comm.recv(source=MPI.ANY_SOURCE, tag=STOP), None
         except MPI.Exception:
             if comm.Is_revoked():
-                got = refill(pool, None)
+                try:
+                    got = refill(pool, None)
+                except (RefillFailed, MPI.Exception):  # a rank died during the repair: the survivors save a last
+                    return 1, None                     # gasp and the job ends; so does this spare
                 if got.rank is not None:
                     watch.watched = []  # a training rank now: nothing to watch
                     return None, got
@@ -161,6 +164,14 @@ def warm_up() -> None:
     from . import inprocess, last_gasp  # noqa: F401
 
 
+class RefillFailed(Exception):
+    """Training ranks other than those to replace died during the refill (raised by every living process alike)."""
+
+    def __init__(self, lost: list):
+        super().__init__(f"rank(s) {', '.join(map(str, lost))} died during the repair")
+        self.lost = lost
+
+
 @dataclass
 class Refill:
     """What a process knows after a refill of the world."""
@@ -171,6 +182,12 @@ class Refill:
     rank: object       # this process's training rank (None on an idle spare)
     by_spare: list     # dead ranks taken by spares
     spawned: list      # dead ranks given to spawned processes
+
+
+def died_since(world_size: int, failed: list, roles: list) -> list:
+    """Training ranks of a world of `world_size` missing from `roles` (per living process, its training rank or
+    None for a spare) that are not among the `failed` the survivors agreed to replace: dead since then."""
+    return sorted(set(range(world_size)) - set(failed) - {r for r in roles if r is not None})
 
 
 def assign(roles: list, failed: list):
@@ -195,6 +212,9 @@ def refill(pool: SparePool, me, joining=None, living=None) -> Refill:
     root = next(i for i, (r, _, _) in enumerate(roles) if r is not None)  # the lowest survivor
     joining = comm.bcast(joining, root=root)
     failed = joining["ranks"]
+    lost = died_since(joining["world_size"], failed, [r for r, _, _ in roles])
+    if lost:  # died since the survivors agreed on the repair (the pool's shrink left them out): no refill
+        raise RefillFailed(lost)
     taken, missing, left = assign([r for r, _, _ in roles], failed)
     watched = [(h, p) for i, (r, h, p) in enumerate(roles) if r is not None or i in taken]
     if missing:  # no spare left for these: spawn them, as without spares (inprocess.join_spawned)

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from ..engine.callbacks import Callback
+from ..engine.callbacks import Callback, event
 
 
 def handle_process_failure(run, error) -> int:
@@ -34,6 +34,7 @@ def handle_process_failure(run, error) -> int:
     if isinstance(error, CannotRepair) and error.lead:
         print(f"dsim: warning: no repair in the job: {error}; falling back to the last-gasp checkpoint",
               file=sys.stderr, flush=True)
+        event("no_repair", any_rank=True, reason=str(error))
     return on_process_failure(run, time.time(), error)
 
 
@@ -42,6 +43,7 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     from ..checkpoint.saver import abandon_in_flight
     from ..faults import UCEError
     from . import last_gasp
+    from .inprocess import RepairInterrupted
     note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
                              else "a rank failed")
     damaged = isinstance(error, UCEError) or getattr(run.optimizer, "damaged", False)
@@ -53,6 +55,13 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     if not out.failed and not out.damaged:  # every rank is alive and whole: an MPI error of another kind
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
+        if isinstance(error, RepairInterrupted):
+            new = sorted(set(out.failed) - set(error.failed))
+            during = f"rank(s) {', '.join(map(str, new))} died during the repair" if new else \
+                "another rank failed during the repair"
+            print(f"dsim: warning: no repair in the job: {error.what}; {during}; falling back to the last-gasp "
+                  "checkpoint", file=sys.stderr, flush=True)
+            event("no_repair", any_rank=True, reason=f"{error.what}; {during}", died_during=new)
         if note:
             print(note, file=sys.stderr, flush=True)
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
