@@ -14,21 +14,30 @@ FINISHED = r"dsim: {}: step {} finished \d+ ms after the fault"
 
 
 def test_uce_on_ranks_0_and_5_is_repaired_in_the_job(ft_reference, tmp_path):
-    """tft.uce_in_place off: the whole job stops, repairs the damaged rank from its replica and redoes the step."""
+    """tft.uce_in_place off: the whole job stops, repairs the damaged rank from its replica and redoes the step.
+    With replicas compared every 4 steps (tft.sdc_check_every), the line says what was copied uncompared: the
+    donor was the lone intact holder of its slices (dp2), so a bit flipped there since the last check is now in
+    both, and no check can find it."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    proc = mpirun(8, [*UCE, "--set", "tft.uce_in_place=false", *fault("uce", "[0,5]", "forward", "[6,13]")],
-                  cwd=tmp_path, check=0, ft=True)
+    proc = mpirun(8, [*UCE, "--set", "tft.uce_in_place=false", "--set", "tft.sdc_check_every=4",
+                      *fault("uce", "[0,5]", "forward", "[6,13]")], cwd=tmp_path, check=0, ft=True)
     out = proc.stdout
     for rank, donor, step in [(0, 4, 6), (5, 1, 13)]:
         assert f"dsim: fault: UCE: uncorrectable memory error on rank {rank} during the forward of step {step}" in out
-        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in the job: rank {rank} "
-                f"from rank {donor} (group info {sorted([rank, donor])}); training goes on after step {step - 1}") in out
+        pair = sorted([rank, donor])
+        assert re.search(re.escape(
+            f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in the job: rank {rank} from "
+            f"rank {donor} (group info {pair}); training goes on after step {step - 1} (repair took ") + r"\d+" +
+            re.escape(f" ms); not compared since the last check (one surviving holder): the slices of ranks {pair}\n"),
+            out), out
         assert re.search(FINISHED.format("uce", step), out), out
     # one job, and every step's loss as in the uninterrupted run (the interrupted steps were redone)
     assert LOSS.findall(out) == ref_losses
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
     repairs = events(tmp_path, "uce_repair")
-    assert [(e["damaged"], e["global_step"], e["donors"]) for e in repairs] == [([0], 5, {"0": 4}), ([5], 12, {"5": 1})]
+    assert [(e["damaged"], e["global_step"], e["donors"], e["unverified"]) for e in repairs] == [
+        ([0], 5, {"0": 4}, [[0, 4]]), ([5], 12, {"5": 1}, [[1, 5]])]
+    assert not events(tmp_path, "sdc")  # every check found the replicas equal
     assert [e["global_step"] for e in events(tmp_path, "recovered")] == [6, 13]
 
 
@@ -45,31 +54,37 @@ def test_uce_in_a_forward_pass_is_repaired_in_place_while_the_others_go_on(ft_re
                 f"of step {step} goes on") in out, out
         assert re.search(FINISHED.format("uce", step), out), out
     assert "repaired in the job" not in out  # no rank stopped for a repair of the whole job
+    assert "not compared since the last check" not in out  # (without tft.sdc_check_every nothing is compared)
     assert LOSS.findall(out) == ref_losses  # each step once: none was redone
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
     repairs = events(tmp_path, "uce_repair")
-    assert [(e["damaged"], e["global_step"], e["donors"], e["in_place"]) for e in repairs] == [
-        ([0], 5, {"0": 4}, True), ([5], 12, {"5": 1}, True)]
+    assert [(e["damaged"], e["global_step"], e["donors"], e["in_place"], "unverified" in e) for e in repairs] == [
+        ([0], 5, {"0": 4}, True, False), ([5], 12, {"5": 1}, True, False)]
     assert [e["global_step"] for e in events(tmp_path, "recovered")] == [6, 13]
 
 
 def test_with_optimizer_shard_a_uce_in_a_forward_pass_is_repaired_in_place(ft_reference, tmp_path):
     """dp4 x mp2 with optimizer shard 2: the damaged rank takes its whole weights (owned rows and the rows its
     shard group all-gathers) and its owned optimizer state from the rank that owns the same rows in the other
-    shard group; every loss and the final state are the uninterrupted run's."""
+    shard group; every loss and the final state are the uninterrupted run's. With tft.sdc_check_every, the line
+    says the donor's slices were copied uncompared (it is their only other holder)."""
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
-    proc = mpirun(8, [*UCE, *LAYOUTS["dp4xmp2k2"], *fault("uce", "[3,6]", "forward", "[6,13]")], cwd=tmp_path,
-                  check=0, ft=True)
+    proc = mpirun(8, [*UCE, *LAYOUTS["dp4xmp2k2"], "--set", "tft.sdc_check_every=4",
+                      *fault("uce", "[3,6]", "forward", "[6,13]")], cwd=tmp_path, check=0, ft=True)
     out = proc.stdout
     for rank, donor, step in [(3, 7, 6), (6, 2, 13)]:
-        assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} "
-                f"from rank {donor} (group info {sorted([rank, donor])}) while the other ranks went on; the forward "
-                f"of step {step} goes on") in out, out
+        pair = sorted([rank, donor])
+        assert re.search(re.escape(
+            f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} from "
+            f"rank {donor} (group info {pair}) while the other ranks went on; the forward of step {step} goes on "
+            "(repair took ") + r"\d+" + re.escape(
+            f" ms); not compared since the last check (one surviving holder): the slices of ranks {pair}\n"), out), out
     assert "repaired in the job" not in out
     assert LOSS.findall(out) == ref_losses
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
-    assert [(e["damaged"], e["donors"], e["in_place"]) for e in events(tmp_path, "uce_repair")] == [
-        ([3], {"3": 7}, True), ([6], {"6": 2}, True)]
+    assert [(e["damaged"], e["donors"], e["in_place"], e["unverified"]) for e in events(tmp_path, "uce_repair")] == [
+        ([3], {"3": 7}, True, [[3, 7]]), ([6], {"6": 2}, True, [[2, 6]])]
+    assert not events(tmp_path, "sdc")
 
 
 def test_kill_is_healed_by_a_spawned_replacement(ft_reference, tmp_path):

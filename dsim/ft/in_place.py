@@ -34,6 +34,7 @@ from mpi4py import MPI
 from ..checkpoint.group_info import group_info
 from ..engine.callbacks import event, say
 from ..parallel import progress
+from .sdc import not_compared
 from .wrapper import IN_PROGRESS
 
 REQUEST, ANSWER, DATA = 0x1C00, 0x1C01, 0x1C10  # tags on the world; buffer i goes with tag DATA + i
@@ -98,11 +99,13 @@ class InPlace:
         MPI.Request.Waitall(reqs[1:])
         opt.received(step)
         ms = 1000 * (time.time() - t0)
+        # with tft.sdc_check_every and no other holder than the donor, nothing compared what it sent
+        alone = [replicas] if self.run.cfg.tft.sdc_check_every and len(replicas) == 2 else []
         say(f"dsim: uce: rank(s) {me} had an uncorrectable memory error (UCE); repaired in place: rank {me} from "
             f"rank {donor} (group info {replicas}) while the other ranks went on; the {point} of step {step + 1} goes "
-            f"on (repair took {ms:.0f} ms)")
+            f"on (repair took {ms:.0f} ms)" + (f"; {not_compared(alone)}" if alone else ""))
         event("uce_repair", any_rank=True, failed=[], damaged=[me], global_step=step, donors={str(me): donor},
-              world_size=world.size, repair_ms=round(ms, 1), in_place=True)
+              world_size=world.size, repair_ms=round(ms, 1), in_place=True, **({"unverified": alone} if alone else {}))
         self.say_done(t0)
         return True
 

@@ -35,7 +35,8 @@ from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError
 from . import elastic, spares as warm, ulfm
 from .in_place import InPlace
-from .last_gasp import survey
+from .last_gasp import survey, unverified_sets
+from .sdc import not_compared
 
 TAG = 0xAF
 
@@ -143,11 +144,14 @@ class InProcessRecovery:
             if filled is not None and filled.by_spare:
                 size += (f" (rank(s) {', '.join(map(str, filled.by_spare))} taken by a warm spare, "
                          f"{len(filled.pool.spares)} left{'; the others spawned' if filled.spawned else ''})")
-            say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; "
-                f"training goes on after step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)")
+            alone = unverified_sets(run, seen, replica_sets(layout), p.step)  # (with tft.sdc_check_every)
+            say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; training goes on after "
+                f"step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)"
+                + (f"; {not_compared(alone)}" if alone else ""))
             event("uce_repair" if damaged and not failed else "heal", any_rank=True, failed=failed, damaged=damaged,
                   global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
                   world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1),
+                  **({"unverified": alone} if alone else {}),
                   **({"by_spare": filled.by_spare, "spawned": filled.spawned, "spares_left": len(filled.pool.spares)}
                      if filled is not None else {}))
         return p.step

@@ -142,11 +142,11 @@ class Outcome:
         if self.existing:
             return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) was already committed in "
                     f"{self.directory}; resume (--resume auto) continues at step {self.step + 1}")
-        alone = "; ".join(f"ranks {g}" for g in self.unverified)
+        from .sdc import not_compared
+        alone = not_compared(self.unverified)
         return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) committed in "
                 f"{self.directory} by {self.survivors} survivors, {self.ms:.0f} ms after the failure was noticed; "
-                + (f"not compared since the last check (one surviving holder): the slices of {alone}; "
-                   if alone else "") + f"resume (--resume auto) continues at step {self.step + 1}")
+                + (f"{alone}; " if alone else "") + f"resume (--resume auto) continues at step {self.step + 1}")
 
 
 def lost_stages(run, lost) -> list:
@@ -268,9 +268,10 @@ def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
 
 
 def unverified_sets(run, seen: Survey, sets, step: int) -> list:
-    """With tft.sdc_check_every: the replica sets whose slices of `step` only one survivor holds. Nothing can be
-    compared for them: a bit flipped there since the last check is saved with them, and stays unfound (its
-    one replica is gone; the state restored from it is the same on every holder after the resume)."""
+    """With tft.sdc_check_every: the replica sets whose slices of `step` only one survivor holds (one whose memory
+    failed holds nothing). Nothing can be compared for them: a bit flipped there since the last check is saved
+    (or, by a repair in the job, copied) with them, and stays unfound (its one replica is gone; the state
+    restored from it is the same on every holder after the resume or the repair)."""
     if not run.cfg.tft.sdc_check_every:
         return []
     return [g for g in sets if len(g) > 1 and sum(step in seen.offers.get(r, ()) for r in g) == 1]

@@ -206,3 +206,10 @@ def describe(found: list) -> str:
             parts.append(f"the replicas of {f['tensor']} on ranks {f['holders']} differ (either may be damaged)")
     more = f"; and {len(found) - 3} more slice(s)" if len(found) > 3 else ""
     return "; ".join(parts) + more
+
+
+def not_compared(sets: list) -> str:
+    """The clause a repair or a last gasp adds when it restored or saved slices from a lone holder since the last
+    check (sets: their replica sets): a bit flipped there goes on unfound, every holder now the same."""
+    alone = "; ".join(f"ranks {g}" for g in sets)
+    return f"not compared since the last check (one surviving holder): the slices of {alone}" if sets else ""
