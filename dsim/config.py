@@ -330,8 +330,8 @@ def validate(cfg: Config) -> None:
     if f.repair_at not in ("refill", "exchange"):
         raise ConfigError(f"config: fault.repair_at must be refill or exchange, got {f.repair_at!r}")
     if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges
-        raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation or a save: fault.at must "
-                          f"be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")
+        raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation, a save or a callback: "
+                          f"fault.at must be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")
     if f.kind == "slow" and f.at not in PLAN_POINTS:  # from a point of a step on
         raise ConfigError(f"config: fault.kind slow begins inside a step's computation: fault.at must be "
                           f"{', '.join(PLAN_POINTS[:-1])} or {PLAN_POINTS[-1]}, got {f.at!r}")

@@ -10,8 +10,9 @@
   straggler the others wait for in every collective (tft.straggler_factor finds it: dsim.ft.straggler);
   at forward, allreduce or update only;
 - kind stuck: rank R's training stops while its process runs (its main thread sleeps for ever, its threads
-  go on: a deadlock, a read that never returns); at forward, allreduce, update or save only (found by the same
-  watch; at save, a write to a dead file system: with async_save, its background writer stops);
+  go on: a deadlock, a read that never returns); at forward, allreduce, update, save, step_end or epoch_end
+  only (found by the same watch; at save, a write to a dead file system: with async_save, its background
+  writer stops; at step_end or epoch_end, a callback that never returns);
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
   become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
@@ -284,7 +285,7 @@ def at_point(point: str, global_step: int) -> None:
 PLAN_ENV = "DSIM_FAULT_PLAN"
 PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc")
 PLAN_POINTS = ("forward", "allreduce", "update")
-STUCK_POINTS = (*PLAN_POINTS, "save")  # inside work the hang watch judges (dsim.parallel.progress)
+STUCK_POINTS = (*PLAN_POINTS, "save", "step_end", "epoch_end")  # inside work the hang watch judges (progress)
 
 
 class FaultPlan:

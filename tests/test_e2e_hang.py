@@ -50,28 +50,34 @@ def test_a_frozen_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_ident
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_a_stuck_rank_is_killed_then_the_last_gasp_is_saved(ft_reference, tmp_path):
+@pytest.mark.parametrize("at, where, work, saved", [
+    ("allreduce", "during the allreduce of step 13", "step", 12),
+    # a callback that never returns (between steps: before, outside all work watched, so the job waited for ever)
+    ("step_end", "at step 13", "callback", 13)])
+def test_a_stuck_rank_is_killed_then_the_last_gasp_is_saved(ft_reference, tmp_path, at, where, work, saved):
     """(The resume from that last gasp is the frozen rank's test's: a death is a death.)"""
     ref_losses, _ = ft_reference("dp2xmp4")
     opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", *WATCH]
-    crash = mpirun(8, [*opts, *fault("stuck", 5, "allreduce", 13)], cwd=tmp_path, timeout=120, ft=True)
+    crash = mpirun(8, [*opts, *fault("stuck", 5, at, 13)], cwd=tmp_path, timeout=120, ft=True)
     assert crash.returncode == 1, crash.stderr
-    assert "dsim: fault: rank 5 is stuck (its training stops, its process runs) during the allreduce of step 13" \
-        in crash.stdout
-    # the others wait for it inside the gradient all-reduce; it alone is outside, its heartbeat going on
-    assert re.search(r"dsim: hang watch: rank 5 \(pid \d+\) is stuck: its process runs, its step has made no "
+    assert f"dsim: fault: rank 5 is stuck (its training stops, its process runs) {where}" in crash.stdout
+    # the others wait for it inside a collective (the gradient all-reduce, or step 14's first); it alone is
+    # outside, its heartbeat going on
+    assert re.search(rf"dsim: hang watch: rank 5 \(pid \d+\) is stuck: its process runs, its {work} has made no "
                      r"progress outside a collective for \d+\.\d s \(step 13, timeout 3 s\): killed \(SIGKILL\), "
                      r"as a failed rank", crash.stdout), crash.stdout
     assert "no rank's process is frozen or stuck" not in crash.stdout
     stuck, = events(tmp_path, "fault")
     hang, = events(tmp_path, "hang")
     assert (stuck["kind"], stuck["rank"], stuck["global_step"]) == ("stuck", 5, 13)
-    assert (hang["rank"], hang["how"], hang["global_step"], hang["timeout"]) == (5, "stuck", 13, TIMEOUT)
+    assert (hang["rank"], hang["how"], hang["global_step"], hang["timeout"], hang["work"]) == (
+        5, "stuck", 13, TIMEOUT, work)
     # killed once its own measure of its stall, beaten every HEARTBEAT, is past the timeout
     assert hang["frozen_for"] > TIMEOUT and TIMEOUT <= hang["time"] - stuck["time"] < TIMEOUT + 10, (stuck, hang)
     errors = error_lines(crash)
     assert len(errors) == 1 and errors[0].startswith(
-        "dsim: error: rank(s) 5 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+        f"dsim: error: rank(s) 5 failed; last-gasp checkpoint ttp-2_{saved - 10} (global step {saved}) committed"), \
+        crash.stderr
     assert LOSS.findall(crash.stdout)[:12] == ref_losses[:12]  # the watch changed nothing before
 
 

@@ -222,7 +222,7 @@ class Model:
 
     def _loop(self, epoch, train_dataset, callbacks, ctx):
         cb, spe, current = ctx.original_args(), train_dataset.get_dataset_size(), None
-        for ep, step, images, labels in train_dataset.batches(epoch):
+        for ep, step, images, labels in progress.fetched(train_dataset.batches(epoch)):  # (tft.hang_timeout)
             if ep != current:
                 current = ep
                 cb.cur_epoch_num, cb.cur_step_in_epoch = ep + 1, step
@@ -254,5 +254,6 @@ def _recovered(callbacks, ctx, train_dataset, step):
 
 
 def _call(callbacks, hook, ctx):
-    for c in callbacks:
-        getattr(c, hook)(ctx)
+    with progress.watched("callback"):  # a callback that never returns is judged too (tft.hang_timeout)
+        for c in callbacks:
+            getattr(c, hook)(ctx)

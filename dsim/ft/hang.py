@@ -9,23 +9,25 @@ follows is what follows a death: the last gasp, the repair in the job, or the en
 
 Each training process writes a heartbeat from a thread every HEARTBEAT seconds to
 <output.dir>/heartbeats/<pid>: its rank, the world size, the step it is in, its start time, the time, and
-where its main thread is (dsim.parallel.progress): for how long it has worked (its step's computation, a
-checkpoint's save, the replicas' comparison) outside every collective with no sign of progress (a layer, a
-parameter's update, a tensor written or read, a collective entered or left), or null (between steps, or
-waiting in a collective). When this rank's work (a step's computation, a save) has gone on for more than the
+where its main thread is (dsim.parallel.progress): for how long it has worked (its step's computation, the
+loading of its batch, the callbacks between steps, a checkpoint's save, the replicas' comparison, a last gasp, a
+repair) outside every collective with no sign of progress (a layer, a parameter's update, a tensor written or
+read, a collective entered or left), or null (outside all that work, or waiting in a collective). When this
+rank's work (a step's computation, a save) has gone on for more than the
 timeout, its watch reads the others' heartbeats and kills (SIGKILL) a process of the same world, still that
 process (pid and start time):
 - frozen: its heartbeat is older than the timeout (its threads are frozen with it; a process blocked in a
   collective, or busy saving, keeps beating: MPI calls and file writes release the interpreter);
 - stuck: it beats, but has made no progress outside every collective for more than the timeout, inside
-  its step's computation or a save (a write that never returns), while this rank waits (every rank waiting
-  for it is inside a collective). With async_save, a background write that stops holds its rank's next
-  update or save, which then makes no progress: stuck too.
+  its step's computation, a save (a write that never returns), a data loader or a callback, while this rank
+  waits (every rank waiting for it is inside a collective). With async_save, a background write that stops
+  holds its rank's next update or save, which then makes no progress: stuck too.
 Every rank's watch may see it; one, the first to claim it, reports it (a `hang` event and a line). When
-nobody is frozen or stuck (a slow step, or every rank inside a collective, or one stuck between steps), the
-job waits, as MPI does, and the watch says so once the work has gone on for twice the timeout (looking again
-at every heartbeat: a rank stuck later in the step is found). So the timeout must be longer than any one
-layer, tensor write or file's fsync takes.
+nobody is frozen or stuck (a slow step, or every rank inside a collective, or one stuck outside all work
+watched), the job waits, as MPI does, and the watch says so once the work has gone on for twice the timeout
+(looking again at every heartbeat: a rank stuck later in the step is found). So the timeout must be longer
+than any one layer, tensor write, file's fsync, batch's loading or callback (between its own collectives,
+which a callback of dsim marks as waits) takes.
 The heartbeat also carries how long the rank computes a step outside waits: with tft.straggler_factor, rank
 0's watch finds a rank computing much slower than the others (dsim.ft.straggler; the watch runs for it alone
 when tft.hang_timeout is off).
@@ -49,8 +51,9 @@ from .straggler import StragglerJudge
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
-WORK = {"step": "step", "save": "save", "comparison": "comparison of replicas", "evaluation": "evaluation",
-        "last gasp": "last-gasp save", "repair": "repair in the job"}  # the work watched (progress.watched) in the watch's lines
+WORK = {"step": "step", "data loading": "data loading", "callback": "callback", "save": "save",
+        "comparison": "comparison of replicas", "evaluation": "evaluation", "last gasp": "last-gasp save",
+        "repair": "repair in the job"}  # the work watched (progress.watched) in the watch's lines
 
 
 class HangWatch(Callback):

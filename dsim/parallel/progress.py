@@ -18,7 +18,8 @@ from collections import deque
 from contextlib import contextmanager
 
 computing = False  # inside work watched: a step's computation (Model.train_step), a save, a comparison, ...
-work = None        # which: "step", "save", "comparison", "evaluation" or "last gasp" (the innermost)
+work = None        # which: "step", "data loading", "callback", "save", "comparison", "evaluation", "last gasp" or
+                   # "repair" (the innermost)
 waits = 0          # how many waits the main thread is inside (nested: a sum inside a pipeline's wait)
 last = 0.0         # time.monotonic() of the main thread's last sign of progress
 began = None       # time.monotonic() when the outermost work watched began (None: outside any)
@@ -64,9 +65,10 @@ def waiting():
 @contextmanager
 def watched(what: str = "step"):
     """Work of the job the main thread is judged by its progress in (see the module doc): `what`, "step" (its
-    computation), "save" (a checkpoint's), "comparison" (the replicas': dsim.ft.sdc), "evaluation"
-    (Model.eval) or "last gasp" (dsim.ft.last_gasp). Nested (a save compares first), the innermost names it
-    and the outermost decides when it began and ends."""
+    computation), "data loading" (fetching its batch: fetched), "callback" (the callbacks between steps),
+    "save" (a checkpoint's), "comparison" (the replicas': dsim.ft.sdc), "evaluation" (Model.eval), "last gasp"
+    (dsim.ft.last_gasp) or "repair" (in the job: dsim.ft.inprocess). Nested (a save inside a callback, which
+    compares first), the innermost names it and the outermost decides when it began and ends."""
     global computing, work, last, began, timed
     kept, outer, computing, work, last = computing, work, True, what, time.monotonic()
     if not kept:
@@ -81,6 +83,24 @@ def watched(what: str = "step"):
         computing, work = kept, outer
         if not kept:
             began = None
+
+
+def fetched(batches, what: str = "data loading"):
+    """The items of `batches` (a data loader), each fetched as work watched (`what`): a loader that never returns
+    (a read from a dead file system) is judged as a step that never ends is."""
+    it = iter(batches)
+    try:
+        while True:
+            with watched(what):
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+            yield item
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
 
 def stalled_for(now: float) -> float | None:
