@@ -148,21 +148,41 @@ def run_dir(tmp_path):
     return tmp_path
 
 
+def made_once(tmp_path_factory, name, n, args, **kwargs) -> tuple[Path, subprocess.CompletedProcess]:
+    """A job (`mpirun(n, args, **kwargs)`) run once per test session in its own directory, and shared by
+    pytest-xdist's workers: the first that wants it runs it while the others wait for it (a module's tests run
+    on both workers; each made its own copy before). Its users only read the directory, or copy it.
+    Returns (directory, the finished process: returncode, stdout, stderr)."""
+    import fcntl
+    import json
+    import shutil
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    d, done = shared / name, shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(d, ignore_errors=True)  # (a worker that failed half-way: from the start)
+            d.mkdir()
+            proc = mpirun(n, args, cwd=d, **kwargs)
+            done.write_text(json.dumps([proc.returncode, proc.stdout, proc.stderr]))
+    code, out, err = json.loads(done.read_text())
+    return d, subprocess.CompletedProcess(args, code, out, err)
+
+
 @pytest.fixture(scope="session")
 def ft_reference(tmp_path_factory):
     """Uninterrupted runs of the fault-tolerance tests' job (tests/ftjob.py), per layout, made on first use:
     (loss lines, final checkpoint directory); get(layout, output=True) also gives the run's stdout."""
     from ftjob import LAYOUTS, LOSS, OPTS
-    cache = {}
 
     def get(layout, output=False):
-        if layout not in cache:
-            d = tmp_path_factory.mktemp(f"ref-{layout}")
-            proc = mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS[layout]], cwd=d, check=0)
-            losses = LOSS.findall(proc.stdout)
-            assert len(losses) == 20
-            cache[layout] = losses, d / "run" / "checkpoints", proc.stdout
-        return cache[layout] if output else cache[layout][:2]
+        d, proc = made_once(tmp_path_factory, f"ref-{layout}", 8, ["-m", "dsim.train", *OPTS, *LAYOUTS[layout]],
+                            check=0)
+        out = proc.stdout
+        losses = LOSS.findall(out)
+        assert len(losses) == 20
+        return (losses, d / "run" / "checkpoints", out) if output else (losses, d / "run" / "checkpoints")
     return get
 
 
@@ -171,8 +191,7 @@ def recovery_reference(tmp_path_factory):
     """The uninterrupted run of the job tests/test_e2e_recovery.py and tests/test_e2e_integrity.py damage (the same
     RUN), made once for both: (loss lines, job directory; its checkpoints of steps 7, 14, 21, 28, 30)."""
     from test_e2e_recovery import LOSS, RUN
-    d = tmp_path_factory.mktemp("recovery-reference")
-    proc = mpirun(8, RUN, cwd=d, check=0)
+    d, proc = made_once(tmp_path_factory, "recovery-reference", 8, RUN, check=0)
     losses = LOSS.findall(proc.stdout)
     assert len(losses) == 30
     return losses, d

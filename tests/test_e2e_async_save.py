@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import mpirun
+from conftest import made_once, mpirun
 from test_e2e_checkpoint import LOSS, RUN, same_final_state
 
 pytestmark = pytest.mark.e2e
@@ -15,8 +15,8 @@ SAVED = re.compile(r"^checkpoint saved: run/checkpoints/(\S+) \(.* in the backgr
 @pytest.fixture(scope="module")
 def synchronous(tmp_path_factory):
     """The same 3 epochs with synchronous saves, uninterrupted: (its output, its directory)."""
-    d = tmp_path_factory.mktemp("synchronous")
-    return mpirun(8, [*RUN, "--set", "train.epochs=3"], cwd=d, check=0), d
+    d, proc = made_once(tmp_path_factory, "synchronous", 8, [*RUN, "--set", "train.epochs=3"], check=0)
+    return proc, d
 
 
 @pytest.mark.parametrize("staging", ["memory", "page_cache"])

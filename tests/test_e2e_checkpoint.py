@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import mpirun
+from conftest import made_once, mpirun
 from dsim.checkpoint import load_checkpoint, restore_group_info_list
 from ftjob import LOSS
 
@@ -92,9 +92,7 @@ def test_group_info_file_env(tmp_path):
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory):
     """A finished run of 1 epoch (checkpoint network-1_10), made once; each test below damages a copy."""
-    d = tmp_path_factory.mktemp("one-epoch")
-    mpirun(8, [*RUN, "--set", "train.epochs=1"], cwd=d, check=0)
-    return d
+    return made_once(tmp_path_factory, "one-epoch", 8, [*RUN, "--set", "train.epochs=1"], check=0)[0]
 
 
 @pytest.mark.parametrize("damage,msg", [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import mpirun
+from conftest import made_once, mpirun
 from ftjob import OPTS, error_lines, fault
 
 pytestmark = pytest.mark.e2e
@@ -26,9 +26,7 @@ def losses(job):
 @pytest.fixture(scope="module")
 def want(tmp_path_factory):
     """The uninterrupted run's loss at every step."""
-    ref = tmp_path_factory.mktemp("ref")
-    mpirun(8, RUN, cwd=ref, check=0)
-    return losses(ref)
+    return losses(made_once(tmp_path_factory, "elastic-ref", 8, RUN, check=0)[0])
 
 
 def close(got: dict, want: dict, steps) -> float:

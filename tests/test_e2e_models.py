@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import dsim_cli, flip_byte, ROOT, mpirun
+from conftest import dsim_cli, flip_byte, made_once, ROOT, mpirun
 from dsim.checkpoint import load_checkpoint
 from ftjob import LOSS
 
@@ -63,8 +63,7 @@ def test_lenet5_fault_recovery_page(tmp_path):
 
 @pytest.fixture(scope="module")
 def transformer_reference(tmp_path_factory):
-    d = tmp_path_factory.mktemp("transformer-ref")
-    proc = mpirun(8, TRANSFORMER, cwd=d, check=0)
+    d, proc = made_once(tmp_path_factory, "transformer-ref", 8, TRANSFORMER, check=0)
     losses = LOSS.findall(proc.stdout)
     assert len(losses) == 20 and "transformer encoder 1 x decoder 1, d_model 32, 8 heads" in proc.stdout
     return losses, d / "run" / "checkpoints"
@@ -73,9 +72,9 @@ def transformer_reference(tmp_path_factory):
 @pytest.fixture(scope="module")
 def transformer_killed(tmp_path_factory):
     """Rank 3 SIGKILLed after step 17: the newest committed checkpoint is test-3_4 (global step 14)."""
-    d = tmp_path_factory.mktemp("transformer-killed")
-    proc = mpirun(8, [*TRANSFORMER, "--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.step=17"],
-                  cwd=d, timeout=120)
+    d, proc = made_once(tmp_path_factory, "transformer-killed", 8,
+                        [*TRANSFORMER, "--set", "fault.kind=kill", "--set", "fault.rank=3", "--set", "fault.step=17"],
+                        timeout=120)
     assert proc.returncode != 0 and "killing rank 3 (SIGKILL) at step 17" in proc.stdout
     assert sorted(p.name for p in (d / "run" / "checkpoints").glob("*.commit")) == ["test-2_2.commit",
                                                                                     "test-3_4.commit"]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import mpirun, run_command
+from conftest import made_once, mpirun, run_command
 
 pytestmark = pytest.mark.e2e
 RUN = ["-m", "dsim.train", "--set", "model.hidden=[16,16]", "--set", "data.num_samples=64",
@@ -25,8 +25,7 @@ NEWEST, OLDER = "network-2_4", "network-1_4"
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    d = tmp_path_factory.mktemp("job")
-    mpirun(2, RUN, cwd=d, check=0, timeout=120)
+    d, _ = made_once(tmp_path_factory, "paths-job", 2, RUN, check=0, timeout=120)
     ckpt = d / "run" / "checkpoints"
     assert sorted(p.name for p in ckpt.glob("*.commit")) == [f"{OLDER}.commit", f"{NEWEST}.commit"]
     return d

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import dsim_cli, ROOT, mpirun
+from conftest import dsim_cli, mpirun
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal, redone_once
 
 pytestmark = pytest.mark.e2e

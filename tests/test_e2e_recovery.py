@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import flip_byte, ROOT, launch, mpirun
+from conftest import flip_byte, launch, made_once, mpirun, ROOT
 from dsim.checkpoint import load_checkpoint
 from dsim.checkpoint.group_info import group_info_list
 from ftjob import LOSS
@@ -32,8 +32,7 @@ def reference(recovery_reference):
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
     """A job whose rank 3 was SIGKILLed after step 17 (committed: steps 7 and 14)."""
-    d = tmp_path_factory.mktemp("killed")
-    proc = mpirun(8, [*RUN, *KILL], cwd=d, timeout=120)
+    d, proc = made_once(tmp_path_factory, "killed", 8, [*RUN, *KILL], timeout=120)
     assert proc.returncode != 0 and "killing rank 3 (SIGKILL) at step 17" in proc.stdout
     ckpt = d / "run" / "checkpoints"
     assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_7.commit", "network-2_4.commit"]
@@ -103,8 +102,7 @@ NO_REPLICA = [*RUN, "--set", "parallel.optimizer_shard=2"]  # k = dp: every rank
 @pytest.fixture(scope="module")
 def no_replica(tmp_path_factory):
     """2 epochs without replicas (committed: steps 7, 14 and 20), made once: (its loss lines, its directory)."""
-    d = tmp_path_factory.mktemp("no-replica")
-    first = mpirun(8, [*NO_REPLICA, "--set", "train.epochs=2"], cwd=d, check=0)
+    d, first = made_once(tmp_path_factory, "no-replica", 8, [*NO_REPLICA, "--set", "train.epochs=2"], check=0)
     assert sorted(p.name for p in (d / "run" / "checkpoints").glob("*.commit")) == [
         "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]
     return LOSS.findall(first.stdout), d

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import mpirun
+from conftest import made_once, mpirun
 from dsim.checkpoint import load_checkpoint
 from dsim.checkpoint import commit as cm
 from dsim.checkpoint.reshard import Source
@@ -66,8 +66,7 @@ def same(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     """The uninterrupted run on dp2 x mp4: its checkpoint after step 10, and its losses."""
-    job = tmp_path_factory.mktemp("source")
-    mpirun(8, [*RUN, "--set", "train.epochs=2"], cwd=job, check=0)
+    job, _ = made_once(tmp_path_factory, "reshard-source", 8, [*RUN, "--set", "train.epochs=2"], check=0)
     return job / "run" / "checkpoints", losses(job)
 
 
