@@ -72,6 +72,16 @@ def report(exc: BaseException) -> str:
             f"(full traceback in {path})")
 
 
+def stacks_on_signal() -> None:
+    """`kill -USR1 PID` of this process, or of mpirun (which passes the signal on to every rank), prints the
+    Python stack of each of its threads on stderr (faulthandler: even from a thread stuck in MPI): where a rank
+    that hangs is. Only where SIGUSR1 was left to its default (ending the process)."""
+    import faulthandler
+    import signal
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def run(main, argv=None, run_dir=None) -> None:
     """Run an entry point's main(argv) -> exit code under the guard; never returns.
 
@@ -79,6 +89,7 @@ def run(main, argv=None, run_dir=None) -> None:
     <tmp>/dsim-logs (the tools never write into the directories they read)."""
     set_run_dir(run_dir)
     warnings.formatwarning = _format_warning
+    stacks_on_signal()
     try:
         code = main(argv)
     except SystemExit:

@@ -103,7 +103,8 @@ def run_command(cmd, cwd, timeout, check, env=None):
                         stalls=False)  # a timeout: everything killed, nothing outlives a test
         out, err = (got["out"], got["err"]) if how == "ended" else p.communicate()
     if how == "timeout":
-        raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
+        # (its ranks' stacks, each thread's, printed before the kill: dsim.ft.launcher.ask_for_stacks)
+        raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-30000:]}")
     proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")

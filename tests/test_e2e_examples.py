@@ -119,7 +119,7 @@ def finish(proc, log, timeout=180):
     from dsim.ft.launcher import supervise
     how = supervise(proc, timeout, stalls=False)
     proc.wait()
-    assert how != "timeout", f"timed out:\n{Path(log).read_text()[-3000:]}"
+    assert how != "timeout", f"timed out (the ranks' stacks last):\n{Path(log).read_text()[-30000:]}"
     return proc.returncode, Path(log).read_text()
 
 

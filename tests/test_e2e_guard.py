@@ -38,6 +38,21 @@ def test_dsim_debug_prints_the_traceback(tmp_path):
     assert proc.stderr.splitlines()[-1].startswith("dsim: error: internal error on rank 0: ZeroDivisionError")
 
 
+def test_a_hung_job_that_times_out_shows_where_each_rank_was(tmp_path):
+    """Rank 1 frozen with no hang watch: rank 0 waits for it for ever. The timeout (the launcher's, or a test's)
+    asks every rank for its threads' stacks (SIGUSR1: guard.stacks_on_signal) before the kill: rank 0's shows
+    its step waiting in a sum (the frozen rank cannot answer; it is killed with the rest)."""
+    from ftjob import OPTS
+    with pytest.raises(AssertionError) as timed_out:
+        mpirun(2, ["-m", "dsim.train", *OPTS, "--set", "parallel.model_parallel=2", "--set", "fault.kind=hang",
+                   "--set", "fault.rank=1", "--set", "fault.at=forward", "--set", "fault.step=3"],
+               cwd=tmp_path, timeout=15)
+    report = str(timed_out.value)
+    assert report.startswith("timed out after 15 s") and "dsim: fault: rank 1 stops (SIGSTOP)" in report
+    assert report.count("(most recent call first)") >= 1, report
+    assert 'dsim/engine/model.py", line' in report and "in train_step" in report and "in _loop" in report, report
+
+
 def test_a_failing_rank_ends_the_job(tmp_path):
     body = ("from mpi4py import MPI\n    c = MPI.COMM_WORLD\n    if c.rank == 1:\n        raise ValueError('bug')\n"
             "    c.Barrier()\n    return 0")

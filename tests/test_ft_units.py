@@ -263,6 +263,32 @@ def test_supervise_tells_an_ended_a_stalled_and_a_timed_out_launcher_apart():
     p.wait()
 
 
+def test_a_timed_out_job_s_ranks_print_their_stacks_first_and_other_processes_are_left_alone(tmp_path):
+    """ask_for_stacks sends SIGUSR1 only to the processes below the launcher that catch it (a dsim rank:
+    guard.stacks_on_signal, faulthandler): each prints every thread's stack, even stuck outside Python; a
+    process without the handler (SIGUSR1 would end it) is not sent it."""
+    import subprocess
+    import sys
+    from dsim.ft.launcher import alive, ask_for_stacks, kill_tree
+    rank = ("import sys, time; from dsim import guard; guard.stacks_on_signal(); print('ready', flush=True); "
+            "time.sleep(60)")
+    other = "import time; print('ready', flush=True); time.sleep(60)"
+    code = ("import subprocess, sys, time\n"
+            f"a = subprocess.Popen([sys.executable, '-c', {rank!r}], stderr=open({str(tmp_path / 'a.err')!r}, 'w'))\n"
+            f"b = subprocess.Popen([sys.executable, '-c', {other!r}])\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    try:
+        assert [p.stdout.readline() for _ in range(2)] == ["ready\n", "ready\n"]
+        asked = ask_for_stacks(p.pid, wait=1.0)
+        assert len(asked) == 1 and all(alive(c) for c in asked)
+        err = (tmp_path / "a.err").read_text()
+        assert "(most recent call first)" in err and 'File "<string>", line 1 in <module>' in err, err
+    finally:
+        kill_tree(p.pid)
+        p.wait()
+
+
 def test_a_launcher_that_failed_to_start_is_started_again(tmp_path):
     """mpirun exiting at once with PMIx's listener-thread failure (no rank ran; once in some hundreds of launches,
     seen in CI) is started again by dsim/ft/launcher.py, up to START_TRIES launches; any other failure is

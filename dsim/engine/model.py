@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .. import faults
+from .. import faults, guard
 from ..parallel.buckets import GradientBuckets
 from ..parallel import progress
 from ..parallel.groups import Groups, watch
@@ -175,6 +175,7 @@ class Model:
         on the last gasp and the in-job repair for a script, as MS_ENABLE_TFT and the config do for the CLI.
         """
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [] if callbacks is None else [callbacks]
+        guard.stacks_on_signal()  # a script's ranks too: kill -USR1 prints where each thread is
         self.build(train_dataset)
         tft = next((c for c in callbacks if hasattr(c, "guard_training")), None)
         if tft is not None:

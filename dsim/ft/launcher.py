@@ -75,6 +75,28 @@ def kill_tree(pid: int, group: bool = True):
             pass
 
 
+def ask_for_stacks(pid: int, wait: float = 1.5) -> list[int]:
+    """Before a job that timed out is killed: every Python process below pid that prints its threads' stacks on
+    SIGUSR1 (a dsim rank: guard.stacks_on_signal) is sent it, and the output given `wait` seconds to pass
+    through mpirun, so that the caller's output shows where each rank was. Others are left alone: SIGUSR1 would
+    end them, and mpirun, which catches it, would pass it on to every rank again. Returns the processes asked."""
+    asked = []
+    for p in descendants(pid):
+        try:
+            if not os.path.basename(os.readlink(f"/proc/{p}/exe")).startswith("python"):
+                continue
+            caught = int(next(line.split()[1] for line in Path(f"/proc/{p}/status").read_text().splitlines()
+                              if line.startswith("SigCgt:")), 16)
+            if caught >> (signal.SIGUSR1 - 1) & 1:
+                os.kill(p, signal.SIGUSR1)
+                asked.append(p)
+        except (OSError, StopIteration, ValueError):
+            continue
+    if asked:
+        time.sleep(wait)
+    return asked
+
+
 def children(pid: int, zombies: bool = False) -> list[int]:
     """The child processes of pid (of all its threads): the ranks, for mpirun.
 
@@ -168,7 +190,8 @@ def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_second
 
     Returns "ended"; or, with proc and every process below it (every rank) SIGKILLed, and its process group
     with group=True (proc started with start_new_session=True), "stalled" when every rank had ended and
-    mpirun stayed (stalls=True), "timeout" past `timeout` seconds. wait() waits a second at most and raises
+    mpirun stayed (stalls=True), "timeout" past `timeout` seconds (the ranks asked for their stacks first:
+    ask_for_stacks). wait() waits a second at most and raises
     subprocess.TimeoutExpired when proc has not ended (by default proc.wait; proc.communicate to collect
     pipes); the caller reaps proc after a kill. A watch given (stalls=True) is the one used: after a stall
     its `ranks_status` holds the status told from the ranks (StallWatch.status), read before the kill.
@@ -186,6 +209,8 @@ def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_second
             if why is not None:
                 if why == "stalled":
                     watch.ranks_status = watch.status()
+                else:  # hung: where was each rank? (their stacks on stderr, then killed)
+                    ask_for_stacks(proc.pid)
                 kill_tree(proc.pid, group)
                 return why
 
