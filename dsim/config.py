@@ -134,7 +134,7 @@ class TFTConfig:
     arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
-    hang_timeout: Optional[float] = None     # seconds a step may go on before a frozen or stuck rank is killed (dsim.ft.hang)
+    hang_timeout: Optional[float] = None     # seconds a frozen or stuck rank is waited for, then killed (dsim.ft.hang)
     straggler_factor: Optional[float] = None  # a rank computing its steps this many times slower than the median is a straggler
     straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place; implies ttp)
     sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
