@@ -205,9 +205,21 @@ def refill(pool: SparePool, me, joining=None, living=None) -> Refill:
 
     me: this process's training rank (None on a spare); joining: the survivors' broadcast (None on a spare);
     living: the pool already shrunk, when the pool is the training world itself (no spares at start).
+    An MPI error here (a process died during the refill) revokes the communicators this process was using: a
+    process that got further, past a collective the dead one had already fed, would wait for this one there
+    for ever; it fails now and gives the repair up too.
     """
-    from .ulfm import shrink
+    from .ulfm import revoke, shrink
     comm = living if living is not None else shrink(pool.comm)[0]
+    using = [comm]
+    try:
+        return _refill(comm, me, joining, using)
+    except MPI.Exception:
+        revoke(*using)
+        raise
+
+
+def _refill(comm, me, joining, using: list) -> Refill:
     roles = comm.allgather((me, socket.gethostname(), os.getpid()))
     root = next(i for i, (r, _, _) in enumerate(roles) if r is not None)  # the lowest survivor
     joining = comm.bcast(joining, root=root)
@@ -221,6 +233,7 @@ def refill(pool: SparePool, me, joining=None, living=None) -> Refill:
         connected_to_spawned()
         inter = comm.Spawn(sys.executable, args=["-m", "dsim.train", *sys.argv[1:]], maxprocs=len(missing), root=root)
         merged = inter.Merge(high=False)  # the pool keeps its ranks; the spawned come after
+        using.append(merged)
         taken.update({comm.size + j: r for j, r in enumerate(missing)})
         joining = {**joining, "assign": taken, "spares": left}
         merged.bcast(joining, root=0)
