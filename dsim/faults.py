@@ -227,14 +227,12 @@ def during_last_gasp(rank: int, global_step: int) -> None:
     """Called half-way through a survivor's last-gasp writes: the configured second failure strikes here."""
     f = _armed
     if f is not None and f.last_gasp_kill == rank:
-        event("fault", any_rank=True, kind="kill", rank=rank, where="during the last-gasp save",
-              at="last_gasp", global_step=global_step)
-        kill(f"dsim: fault: killing rank {rank} (SIGKILL) during the last-gasp save of step {global_step}")
+        _second_failure("kill", rank, "during the last-gasp save", "last_gasp", global_step,
+                        f"dsim: fault: killing rank {rank} (SIGKILL) during the last-gasp save of step {global_step}")
     if f is not None and f.last_gasp_stuck == rank:
-        event("fault", any_rank=True, kind="stuck", rank=rank, where="during the last-gasp save",
-              at="last_gasp", global_step=global_step)
-        stall(f"dsim: fault: rank {rank} is stuck (its last-gasp write never returns) during the last-gasp save of "
-              f"step {global_step}")
+        _second_failure("stuck", rank, "during the last-gasp save", "last_gasp", global_step,
+                        f"dsim: fault: rank {rank} is stuck (its last-gasp write never returns) during the last-gasp "
+                        f"save of step {global_step}")
 
 
 def during_repair(rank: int, global_step: int, point: str) -> None:
@@ -247,15 +245,20 @@ def during_repair(rank: int, global_step: int, point: str) -> None:
     where = ("before the dead rank's place is filled" if point == "refill" else
              "before the state is exchanged")
     if f.repair_kill == rank:
-        event("fault", any_rank=True, kind="kill", rank=rank, where=f"during a repair in the job, {where}",
-              at=f"repair_{point}", global_step=global_step)
-        kill(f"dsim: fault: killing rank {rank} (SIGKILL) during the repair in the job, {where} (training to go on "
-             f"after step {global_step})")
+        _second_failure("kill", rank, f"during a repair in the job, {where}", f"repair_{point}", global_step,
+                        f"dsim: fault: killing rank {rank} (SIGKILL) during the repair in the job, {where} (training "
+                        f"to go on after step {global_step})")
     if f.repair_hang == rank:
-        event("fault", any_rank=True, kind="hang", rank=rank, where=f"during a repair in the job, {where}",
-              at=f"repair_{point}", global_step=global_step)
-        freeze(f"dsim: fault: rank {rank} freezes (SIGSTOP) during the repair in the job, {where} (training to go "
-               f"on after step {global_step})")
+        _second_failure("hang", rank, f"during a repair in the job, {where}", f"repair_{point}", global_step,
+                        f"dsim: fault: rank {rank} freezes (SIGSTOP) during the repair in the job, {where} (training "
+                        f"to go on after step {global_step})")
+
+
+def _second_failure(kind: str, rank: int, where: str, at: str, global_step: int, message: str) -> None:
+    """A configured failure during the handling of another (the last gasp, a repair): recorded, then struck
+    (kill: SIGKILL; hang: SIGSTOP; stuck: the main thread never returns)."""
+    event("fault", any_rank=True, kind=kind, rank=rank, where=where, at=at, global_step=global_step)
+    {"kill": kill, "hang": freeze, "stuck": stall}[kind](message)
 
 
 POINTS = ("step_end", "epoch_end", "forward", "allreduce", "update", "save", "commit")

@@ -226,8 +226,7 @@ def restore(groups, writers: dict, optimizer, step: int) -> bool:
         ok = 0
         ulfm.revoke_groups(groups)
     try:
-        with progress.waiting():
-            return bool(groups.world.Agree(ok))
+        return bool(ulfm.agree(groups.world, ok))
     except MPI.Exception:
         ulfm.revoke_groups(groups)
         return False

@@ -34,7 +34,7 @@ from ..checkpoint.group_info import group_info_attr, replica_sets
 from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
 from ..engine.callbacks import event
 from ..parallel import progress
-from .ulfm import revoke, revoke_groups, shrink
+from .ulfm import agree, revoke, revoke_groups, shrink
 
 PREFIX = "ttp"
 ATTEMPTS = 4
@@ -202,13 +202,13 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     p = seen.plan(sets)
     corrupt = compare_replicas(run, comm, me, states, sets, p.step) if p.step is not None else []
     if corrupt:
-        _agree(comm, 1)
+        agree(comm, 1)
         if comm.rank == 0:
             event("sdc", any_rank=True, global_step=p.step, found=corrupt, at="last_gasp")
             event("last_gasp_lost", any_rank=True, failed=failed, lost=[f["holders"] for f in corrupt])
         return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0)
     if p.step is None:
-        _agree(comm, 1)  # nothing is written: just agree that all know
+        agree(comm, 1)  # nothing is written: just agree that all know
         out = Outcome(failed, damaged, lost=p.lost, stages=lost_stages(run, p.lost), survivors=comm.size,
                       lead=comm.rank == 0)
         if comm.rank == 0:
@@ -222,7 +222,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     record_path = cm.commit_path(directory, name)
     if record_path.exists():  # saved before (a failure in the first step after resuming from it, or the
         # committer died after committing): never overwrite it
-        _agree(comm, 1)
+        agree(comm, 1)
         return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0,
                        existing=True)
     ok, error = 1, None
@@ -232,7 +232,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
                 _write(run, directory, rank, p.step, states[p.step])
     except Exception as e:  # a disk error: every survivor must learn of it
         ok, error = 0, f"rank {me}: {type(e).__name__}: {e}"
-    if not _agree(comm, ok):
+    if not agree(comm, ok):
         with progress.waiting():
             errors = [e for e in comm.allgather(error) if e]
         raise RuntimeError(f"last-gasp checkpoint of step {p.step} not saved: {errors[0]}")
@@ -244,7 +244,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
             "last_gasp": {"failed": failed, "writers": {str(r): w for r, w in sorted(p.writers.items())},
                           **({"unverified": unverified} if unverified else {})},
             "time": time.time()})
-    _agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
+    agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
                   lead=comm.rank == 0, unverified=unverified)
@@ -287,9 +287,3 @@ def _write(run, directory, rank, step, arrays) -> None:
     write_file(directory / file_name(rank, epoch, in_epoch), meta, state_tensors(run.network, run.optimizer, arrays),
                append_info(cfg.append_info, epoch, step), lambda: faults.during_last_gasp(me, step),
                after_each=progress.tick)
-
-
-def _agree(comm, flag: int) -> int:
-    """comm.Agree(flag), marked as a wait (the hang watch tells a survivor waiting here from a stuck one)."""
-    with progress.waiting():
-        return comm.Agree(flag)

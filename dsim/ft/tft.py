@@ -32,10 +32,15 @@ def handle_process_failure(run, error) -> int:
               flush=True)
         leave(1)
     if isinstance(error, CannotRepair) and error.lead:
-        print(f"dsim: warning: no repair in the job: {error}; falling back to the last-gasp checkpoint",
-              file=sys.stderr, flush=True)
-        event("no_repair", any_rank=True, reason=str(error))
+        no_repair(str(error))
     return on_process_failure(run, time.time(), error)
+
+
+def no_repair(reason: str, **fields) -> None:
+    """Said by one rank: the repair in the job is not made (why), and the last gasp follows; a no_repair event."""
+    print(f"dsim: warning: no repair in the job: {reason}; falling back to the last-gasp checkpoint", file=sys.stderr,
+          flush=True)
+    event("no_repair", any_rank=True, reason=reason, **fields)
 
 
 def on_process_failure(run, noticed_at: float, error) -> int:
@@ -59,9 +64,7 @@ def on_process_failure(run, noticed_at: float, error) -> int:
             new = sorted(set(out.failed) - set(error.failed))
             during = f"rank(s) {', '.join(map(str, new))} died during the repair" if new else \
                 "another rank failed during the repair"
-            print(f"dsim: warning: no repair in the job: {error.what}; {during}; falling back to the last-gasp "
-                  "checkpoint", file=sys.stderr, flush=True)
-            event("no_repair", any_rank=True, reason=f"{error.what}; {during}", died_during=new)
+            no_repair(f"{error.what}; {during}", died_during=new)
         if note:
             print(note, file=sys.stderr, flush=True)
         print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ import time
 
 from mpi4py import MPI
 
+from ..parallel import progress
 
 
 def unavailable_reason():
@@ -37,6 +38,13 @@ def revoke(*comms) -> None:
 def revoke_groups(groups) -> None:
     """Revoke the world and every sub-communicator of a run (parallel.groups.Groups)."""
     revoke(groups.world, groups.dp, groups.mp, groups.shard)
+
+
+def agree(comm, flag: int) -> int:
+    """comm.Agree(flag): the AND of every living rank's flag, the same answer on each even through failures
+    (MPI_Comm_agree). Marked as a wait: the hang watch tells a rank waiting here from a stuck one."""
+    with progress.waiting():
+        return comm.Agree(flag)
 
 
 def world_ranks(comm, world) -> list[int]:
