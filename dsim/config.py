@@ -119,6 +119,7 @@ class FaultConfig:
     repair_kill: Optional[int] = None        # also kill this rank during a repair in the job (at repair_at)
     repair_hang: Optional[int] = None        # this rank freezes (SIGSTOP) during a repair in the job (at repair_at)
     repair_at: str = "refill"                # refill (the dead rank's place not filled yet) | exchange (filled)
+    spare_hang: bool = False                 # the warm spares (tft.spares) freeze (SIGSTOP) as they begin to wait
     step: Any = None                         # global step (1-based); or one per rank of a rank list
     epoch: Optional[int] = None              # with at: epoch_end
     at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
@@ -329,6 +330,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
     if f.repair_at not in ("refill", "exchange"):
         raise ConfigError(f"config: fault.repair_at must be refill or exchange, got {f.repair_at!r}")
+    if f.spare_hang and not cfg.tft.spares:
+        raise ConfigError("config: fault.spare_hang freezes the warm spares: it needs tft.spares")
     if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges
         raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation, a save or a callback: "
                           f"fault.at must be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")

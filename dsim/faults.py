@@ -32,6 +32,8 @@ tft.hang_timeout's watch kills it, and the others save without it).
 freezes it there (tft.hang_timeout's watch kills it): at `repair_at: refill` (the default) the survivors have
 agreed on the step and the dead rank's place is not filled yet, at `exchange` the new world is formed and the
 state has not moved. Either way the repair is given up on every living rank alike and the last gasp follows.
+`spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
+that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from . import guard
 from .checkpoint import CheckpointError
@@ -77,7 +79,12 @@ def main(argv=None) -> int:
         guard.set_run_dir(cfg.output.dir)
         world, pool = spares.split(comm, cfg)  # with tft.spares, the last processes of the job are spares
         if world is None:
-            code, place = spares.wait(pool)  # until released at the end, or given a dead rank's place
+            from .ft.hang import spare_heartbeat
+            beat = spare_heartbeat(cfg.output.dir, pool.comm.size - len(pool.spares), cfg.tft.hang_timeout)
+            if cfg.fault.spare_hang:
+                from .faults import freeze
+                freeze(f"dsim: fault: a warm spare (pid {os.getpid()}) freezes (SIGSTOP) as it begins to wait")
+            code, place = spares.wait(pool, beat)  # until released at the end, or given a dead rank's place
             if place is None:
                 return spares.finish(code)   # released: no collective left for it
             return join(take_place, place.world, place.pool, place.joining)
@@ -138,6 +145,10 @@ def train(run, step: int, joining=None) -> int:
         return 0
     if run.spares is not None:
         run.spares.release(code)
+        timeout = run.cfg.tft.hang_timeout
+        if timeout and run.spares.spares and run.groups.world.rank == 0:  # one that never leaves: killed
+            from .ft.hang import stop_frozen_spares
+            stop_frozen_spares(Path(run.cfg.output.dir) / "heartbeats", run.groups.world.size, timeout)
     if run.model.recovery is not None:
         run.model.recovery.release_idle()
     from .ft.spares import finish

@@ -95,6 +95,73 @@ def test_model_builds_binds_and_passes_the_run_context(context):
     model.groups.free()
 
 
+@pytest.mark.parametrize("failing_step", [3, 2])
+def test_a_step_end_cut_short_by_a_repaired_failure_is_finished_by_the_local_callbacks(context, failing_step):
+    """A failure in a callback at a step's end (a rank dying in the save's collectives) that the in-job repair
+    keeps the step of: the local callbacks after the failing one (loss line, metrics) still run for that step,
+    and for the epoch's end at its last step (step 2 of 2); the others do not run again, and the epoch the
+    repair falls in is not begun again (TimeMonitor times it whole)."""
+    seen = []
+
+    class Failure(Exception):
+        pass
+
+    class Recovery:
+        watches = False
+
+        def step_finished(self, step):
+            pass
+
+        def handles(self, e):
+            return isinstance(e, Failure)
+
+        def recover(self, e, callbacks):
+            seen.append(("repair", e.args[0]))
+            return e.args[0]  # training goes on after the step that failed at its end
+
+    class Saver(dsim.Callback):
+        def step_end(self, run_context):
+            step = run_context.original_args().cur_step_num
+            if step == failing_step and ("repair", step) not in seen:
+                raise Failure(step)
+
+    class Record(dsim.Callback):
+        def __init__(self, name, local):
+            self.name, self.local = name, local
+
+        def epoch_begin(self, run_context):
+            seen.append((self.name, "epoch_begin", run_context.original_args().cur_epoch_num))
+
+        def step_end(self, run_context):
+            cb = run_context.original_args()
+            seen.append((self.name, "step_end", cb.cur_epoch_num, cb.cur_step_in_epoch, cb.cur_step_num))
+
+        def epoch_end(self, run_context):
+            seen.append((self.name, "epoch_end", run_context.original_args().cur_epoch_num))
+
+    net = nn.Network([16])
+    model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.Momentum(net.trainable_params(), 0.01))
+    model.build(dsim.dataset.SyntheticMnist(64).batch(16).take(2))
+    model.recovery = Recovery()
+    model.train(2, dsim.dataset.SyntheticMnist(64).batch(16).take(2),
+                callbacks=[Record("before", True), Saver(), Record("other", False), Record("local", True)])
+    assert ("local", "step_end", 1, 1, 1) in seen
+    after = seen[seen.index(("repair", failing_step)):]
+    epoch, in_epoch = (failing_step - 1) // 2 + 1, (failing_step - 1) % 2 + 1
+    assert after[1] == ("local", "step_end", epoch, in_epoch, failing_step)  # once, after the repair
+    assert [x for x in seen if x[1:2] == ("step_end",) and x[0] == "local"] == [
+        ("local", "step_end", e, s, 2 * (e - 1) + s) for e in (1, 2) for s in (1, 2)]
+    assert [x for x in seen if x[1:2] == ("step_end",) and x[0] == "other"] == [
+        ("other", "step_end", e, s, 2 * (e - 1) + s) for e, s in [(1, 1), (1, 2), (2, 1), (2, 2)]
+        if 2 * (e - 1) + s != failing_step]
+    for name in ("before", "local"):  # each epoch begun and ended once
+        assert [x[1:] for x in seen if x[0] == name and x[1] != "step_end"] == [
+            ("epoch_begin", 1), ("epoch_end", 1), ("epoch_begin", 2), ("epoch_end", 2)]
+    assert [x[1:] for x in seen if x[0] == "other" and x[1] != "step_end"] == [
+        ("epoch_begin", 1), *([("epoch_end", 1)] if failing_step != 2 else []), ("epoch_begin", 2), ("epoch_end", 2)]
+    model.groups.free()
+
+
 def test_fault_tolerance_callbacks_need_the_wrapped_optimizer(context):
     net = nn.Network([16])
     model = dsim.Model(net, optimizer=nn.SGD(net.trainable_params(), 0.1))

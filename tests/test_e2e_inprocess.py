@@ -139,16 +139,23 @@ def test_kills_at_two_steps_are_healed_by_two_spawns_and_the_job_ends(ft_referen
     assert time.time() - t < 60  # no wait for a launcher's timeout
 
 
-def test_kill_during_a_save_is_healed_and_the_save_redone(ft_reference, tmp_path):
-    """Rank 0 dies half-way through its file of the step-14 checkpoint; its replacement takes rank 0."""
+@pytest.mark.parametrize("rank", [0, 3])
+def test_kill_during_a_save_is_healed_and_the_save_redone(ft_reference, tmp_path, rank):
+    """A rank dies half-way through its file of the step-14 checkpoint; its replacement takes its rank."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    proc = mpirun(8, [*UCE, "--set", "tft.arf=true", *fault("kill", 0, "save", 14)], cwd=tmp_path, check=0, ft=True)
+    proc = mpirun(8, [*UCE, "--set", "tft.arf=true", *fault("kill", rank, "save", 14)], cwd=tmp_path, check=0, ft=True)
     assert "world size back to 8; training goes on after step 14" in proc.stdout, proc.stdout
     ckpt = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in ckpt.glob("*.commit")) == [
         "network-1_7.commit", "network-2_10.commit", "network-2_4.commit"]  # step 14 saved after all
-    # rank 0 died in step 14's save, before its loss line was printed (the save runs first): only that line is missing
-    assert LOSS.findall(proc.stdout) == ref_losses[:13] + ref_losses[14:]
+    steps = [e["global_step"] for e in events(tmp_path, "step")]
+    if rank == 0:  # it died in step 14's save, before its loss line (the save runs first): only that step is lost
+        assert LOSS.findall(proc.stdout) == ref_losses[:13] + ref_losses[14:]
+        assert steps == [*range(1, 14), *range(15, 21)]
+    else:  # rank 0 lived: the end of step 14 it was in when the save failed is finished after the repair
+        assert LOSS.findall(proc.stdout) == ref_losses
+        assert steps == list(range(1, 21))
+        assert proc.stdout.index("training goes on after step 14") < proc.stdout.index("epoch: 2 step: 4, loss is")
     final_state_equal(ref_ckpt, ckpt, "network-2_10")
 
 

@@ -86,3 +86,27 @@ def test_a_fault_of_every_rank_strikes_the_spare_that_took_a_place_too(tmp_path)
     heal = text.index("dsim: heal: rank(s) 3 died; repaired in the job: rank 3 from rank 7")
     assert text.index("dsim: error: rank 0: Some errors happen. (injected on rank 0 at the end of epoch 2)") > heal
     assert "epoch: 2 step: 20," in text and "epoch: 3" not in text and "spare: every training process" not in text
+
+
+@pytest.mark.parametrize("failure", [True, False])
+def test_a_frozen_spare_is_killed_by_the_hang_watch(ft_reference, tmp_path, failure):
+    """The spare freezes (SIGSTOP) as it begins to wait. With a failure: the repair waits for it in the pool's
+    shrink until the watch kills it, and the place goes to a spawned process. Without: the end of training
+    kills it (mpirun would wait for it for ever). Both hung until the launcher's timeout before."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    kill = fault("kill", 3, "forward", 13) if failure else []
+    proc = mpirun(9, ["-m", "dsim.train", *OPTS, *SPARE, "--set", "tft.hang_timeout=3", "--set", "fault.spare_hang=true",
+                      *kill], cwd=tmp_path, timeout=90, check=0, ft=True)
+    pid = re.search(r"dsim: fault: a warm spare \(pid (\d+)\) freezes \(SIGSTOP\) as it begins to wait", proc.stdout)
+    assert pid, proc.stdout
+    if failure:
+        assert re.search(rf"dsim: hang watch: a warm spare \(pid {pid[1]}\) has not run for [\d.]+ s \(step 13, "
+                         r"timeout 3 s\): killed \(SIGKILL\)\n", proc.stdout), proc.stdout
+        heal, = events(tmp_path, "heal")
+        assert (heal["failed"], heal["by_spare"], heal["spawned"]) == ([3], [], [3])
+    else:
+        assert re.search(rf"dsim: hang watch: a warm spare \(pid {pid[1]}\) has not run for [\d.]+ s \(released at "
+                         r"the end of training, timeout 3 s\): killed \(SIGKILL\)\n", proc.stdout), proc.stdout
+        assert events(tmp_path, "heal") == []
+    assert LOSS.findall(proc.stdout) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")

@@ -258,6 +258,59 @@ def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
     hang.leave()  # nothing running: nothing to do
 
 
+SPARE = """
+import sys, time
+from dsim.ft.hang import spare_heartbeat
+beat = spare_heartbeat(sys.argv[1], int(sys.argv[2]), 600)
+print("up", flush=True)
+time.sleep(float(sys.argv[3]))  # waiting for a place
+beat.end()  # released: leaves its wait (its heartbeat goes), then MPI_Finalize
+time.sleep(120)
+"""
+
+
+def test_a_frozen_spare_is_found_and_at_the_end_one_that_never_leaves_is_killed(tmp_path, capfd):
+    """A warm spare beats while it waits (rank null, the training world's size): frozen, a training rank's watch
+    finds it (a repair waits for it in the pool's shrink); at the end of training rank 0 waits for the released
+    spares to leave, and kills one frozen (at once) or one still beating after the timeout (stuck)."""
+    from dsim.ft.hang import spare_heartbeat, stop_frozen_spares
+    assert spare_heartbeat(tmp_path, 8, None) is None  # no tft.hang_timeout: no heartbeat
+
+    def spare(world_size, leaves_after):
+        p = subprocess.Popen([sys.executable, "-c", SPARE, str(tmp_path), str(world_size), str(leaves_after)],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "up"
+        return p
+
+    procs = {}
+    try:
+        procs = {"frozen": spare(8, 120), "leaving": spare(8, 3), "stuck": spare(8, 120), "other world": spare(4, 120)}
+        os.kill(procs["frozen"].pid, signal.SIGSTOP)
+        time.sleep(2.3)
+        frozen, stuck = find_hung(tmp_path / "heartbeats", 8, time.time(), 2.0)
+        assert [(r["pid"], r["rank"]) for r in frozen] == [(procs["frozen"].pid, None)] and stuck == []
+        t = time.monotonic()
+        stop_frozen_spares(tmp_path / "heartbeats", 8, 2.0)
+        took = time.monotonic() - t
+        assert procs["frozen"].wait(5) == procs["stuck"].wait(5) == -signal.SIGKILL
+        assert procs["leaving"].poll() is None and procs["other world"].poll() is None  # left its wait; another job's
+        assert 1.9 < took < 4, took  # the stuck one: killed after the timeout
+        out = capfd.readouterr().out
+        assert (f"dsim: hang watch: a warm spare (pid {procs['frozen'].pid}) has not run for " in out and
+                f"dsim: hang watch: a warm spare (pid {procs['stuck'].pid}) did not leave within 2 s of its release "
+                "(released at the end of training, timeout 2 s): killed (SIGKILL)" in out), out
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_frozen_spares_need_spares():
+    with pytest.raises(ConfigError, match="config: fault.spare_hang freezes the warm spares: it needs tft.spares"):
+        load_config(None, ["fault.spare_hang=true"])
+    assert load_config(None, ["fault.spare_hang=true", "tft.spares=1"]).fault.spare_hang is True
+
+
 def record(rank, step_time, world_size=8, timed=10, pid=None, step=12):
     return {"pid": pid or 1000 + rank, "started": 1, "rank": rank, "world_size": world_size, "step": step,
             "time": time.time(), "step_time": step_time, "timed": timed}

@@ -37,7 +37,16 @@ class RunContext:
 
 
 class Callback:
-    """Base class: override the hooks you need."""
+    """Base class: override the hooks you need.
+
+    `local`: the hooks use no collective and no other rank. When a failure strikes during a step's end hooks
+    and the in-job repair keeps that step (training goes on after it), the local callbacks that had not run
+    their step_end (and epoch_end, at an epoch's last step) for it run them then, on the ranks that were in
+    them: the step's loss line and metrics event are not lost. The others are not run again (a collective
+    would find the newcomers elsewhere); a save due then is ModelCheckpoint's `recovered`.
+    """
+
+    local = False
 
     def begin(self, run_context): pass
     def epoch_begin(self, run_context): pass
@@ -49,6 +58,8 @@ class Callback:
 
 class LossMonitor(Callback):
     """Rank 0 prints `epoch: 1 step: 77, loss is 7.187697` every per_print_times steps."""
+
+    local = True
 
     def __init__(self, per_print_times: int = 1):
         self.per_print_times = per_print_times
@@ -62,6 +73,8 @@ class LossMonitor(Callback):
 class TimeMonitor(Callback):
     """Rank 0 prints epoch time and per-step time at each epoch end (data_size: MindSpore's, unused: a step
     is one batch here)."""
+
+    local = True
 
     def __init__(self, data_size=None):
         self.data_size = data_size
@@ -100,6 +113,8 @@ class EvalMonitor(Callback):
 class ProgressBar(Callback):
     """A tqdm bar on rank 0 (off when stderr is not a terminal). tqdm is imported only where a bar shows: it
     costs every process of every job some 45 ms of CPU to import, most of it for its version lookup."""
+
+    local = True
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -140,6 +155,8 @@ def event(name: str, any_rank: bool = False, **fields) -> None:
 
 class MetricsLog(Callback):
     """Rank 0 appends JSON lines (events and per-step metrics) to a file; runs append, never truncate."""
+
+    local = True
 
     def __init__(self, path):
         self.path = Path(path)

@@ -38,6 +38,8 @@ class Model:
         self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
         self.rollback = None  # dsim.ft.sdc.Rollback with tft.sdc_rollback
         self._buckets = None
+        self._epoch_open = None  # the epoch (0-based) whose epoch_begin ran and epoch_end not yet
+        self._ending = None  # while a step's end hooks run: _Ending (what ran, for an in-job repair then)
         self.pipeline = None  # dsim.parallel.pipeline.Pipeline with pipeline stages or micro-batches
         self._pipeline_options = (micro_batch_num, pipeline_schedule)
         if groups is not None:
@@ -207,6 +209,7 @@ class Model:
                 self._loop(epoch, train_dataset, callbacks, ctx)
                 break
             except Exception as e:
+                ending, self._ending = self._ending, None
                 if self.rollback is not None and self.rollback.handles(e):  # silent corruption (dsim.ft.sdc)
                     step = self.rollback.recover(e)
                 elif self.recovery is None or not self.recovery.handles(e):
@@ -217,15 +220,19 @@ class Model:
                 cb.network, cb.optimizer = self.network, self.optimizer  # new ones after an elastic shrink
                 train_dataset.set_init_step(step)
                 _recovered(callbacks, ctx, train_dataset, step)
+                if ending is not None and ending.global_step == step:  # training goes on after that step
+                    self._finish(ending, callbacks, ctx)
         train_dataset.set_init_step(cb.cur_step_num)
         _call(callbacks, "end", ctx)
         return cb
 
     def _loop(self, epoch, train_dataset, callbacks, ctx):
-        cb, spe, current = ctx.original_args(), train_dataset.get_dataset_size(), None
+        """Train from the dataset's position. After an in-job repair in the middle of an epoch this process had
+        begun, that epoch goes on: its epoch_begin hooks do not run again (TimeMonitor times the whole epoch)."""
+        cb, spe = ctx.original_args(), train_dataset.get_dataset_size()
         for ep, step, images, labels in progress.fetched(train_dataset.batches(epoch)):  # (tft.hang_timeout)
-            if ep != current:
-                current = ep
+            if ep != self._epoch_open:
+                self._epoch_open = ep
                 cb.cur_epoch_num, cb.cur_step_in_epoch = ep + 1, step
                 _call(callbacks, "epoch_begin", ctx)
             cb.lr = self.optimizer.current_lr()
@@ -235,11 +242,31 @@ class Model:
             cb.cur_step_in_epoch, cb.cur_step_num = step + 1, cb.cur_step_num + 1
             if self.recovery is not None:
                 self.recovery.step_finished(cb.cur_step_num)
-            _call(callbacks, "step_end", ctx)
-            if step + 1 == spe:
-                _call(callbacks, "epoch_end", ctx)
+            self._ending = ending = _Ending(cb.cur_step_num, step + 1 == spe)
+            _call(callbacks, "step_end", ctx, ending.step_end)
+            if ending.epoch_end is not None:
+                _call(callbacks, "epoch_end", ctx, ending.epoch_end)
+                self._epoch_open = None
+            self._ending = None
             if ctx.stop_requested:
                 break
+
+    def _finish(self, ending: "_Ending", callbacks, ctx) -> None:
+        """The end hooks of the step a failure interrupted, kept by the repair: those of the local callbacks
+        (Callback.local) that had not run for it."""
+        local = [c for c in callbacks if getattr(c, "local", False)]
+        _call([c for c in local if c not in ending.step_end], "step_end", ctx)
+        if ending.epoch_end is not None:
+            _call([c for c in local if c not in ending.epoch_end], "epoch_end", ctx)
+            self._epoch_open = None
+
+
+class _Ending:
+    """A step's end hooks on their way: its global step, the callbacks whose step_end ran, and at an epoch's
+    last step those whose epoch_end ran (None otherwise)."""
+
+    def __init__(self, global_step: int, last_of_epoch: bool):
+        self.global_step, self.step_end, self.epoch_end = global_step, [], [] if last_of_epoch else None
 
 
 def _recovered(callbacks, ctx, train_dataset, step):
@@ -254,7 +281,10 @@ def _recovered(callbacks, ctx, train_dataset, step):
             c.recovered(ctx)
 
 
-def _call(callbacks, hook, ctx):
+def _call(callbacks, hook, ctx, done: list = None):
+    """Run `hook` of each callback in turn; `done` gets each callback whose hook returned."""
     with progress.watched("callback"):  # a callback that never returns is judged too (tft.hang_timeout)
         for c in callbacks:
             getattr(c, hook)(ctx)
+            if done is not None:
+                done.append(c)

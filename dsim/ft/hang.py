@@ -73,7 +73,11 @@ class HangWatch(Callback):
     # -- callbacks ----------------------------------------------------------------------------------------
     def begin(self, run_context):
         cb = run_context.original_args()
-        self.rank, self.world_size, self.stage_size = cb.rank, cb.world_size, _stage_size(cb)
+        self.start(cb.rank, cb.world_size, _stage_size(cb))
+
+    def start(self, rank, world_size: int, stage_size: int) -> None:
+        """Beat (and watch) as `rank` of a world of `world_size`; rank None: a warm spare (spare_heartbeat)."""
+        self.rank, self.world_size, self.stage_size = rank, world_size, stage_size
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             forget_the_dead(self.dir)
@@ -82,8 +86,9 @@ class HangWatch(Callback):
         self._beat(time.time())
         self._thread = threading.Thread(target=self._run, name="dsim-hang-watch", daemon=True)
         self._thread.start()
-        global _running
-        _running = self
+        if rank is not None:
+            global _running
+            _running = self
 
     def recovered(self, run_context):
         """After a repair in the job or an elastic shrink: this process's rank and world now; between steps. Rank 0
@@ -170,14 +175,59 @@ class HangWatch(Callback):
         step = record["step"] if how == "stuck" else self.step
         event("hang", any_rank=True, rank=record["rank"], how=how, frozen_for=round(ago, 3), global_step=step,
               by=self.rank, timeout=self.timeout, **({"work": record.get("work")} if how == "stuck" else {}))
-        say(f"dsim: hang watch: rank {record['rank']} (pid {record['pid']}) {what} (step {step}, "
-            f"timeout {self.timeout:g} s): killed (SIGKILL), as a failed rank")
+        say(f"dsim: hang watch: {_who(record)} {what} (step {step}, timeout {self.timeout:g} s): killed (SIGKILL)"
+            + (", as a failed rank" if record["rank"] is not None else ""))
+
+
+def _who(record: dict) -> str:
+    """A heartbeat's process in a line: `rank 3 (pid 1234)`, or `a warm spare (pid 1234)`."""
+    return f"{'a warm spare' if record['rank'] is None else 'rank ' + str(record['rank'])} (pid {record['pid']})"
 
 
 def _stage_size(cb) -> int:
     """Ranks per pipeline stage of the layout training now (the straggler watch compares within a stage)."""
     layout = getattr(cb, "layout", None)
     return ParallelLayout(**layout).stage_size if layout else cb.world_size
+
+
+def spare_heartbeat(directory, world_size: int, timeout) -> Optional[HangWatch]:
+    """The heartbeat of a warm spare while it waits (dsim.ft.spares), with tft.hang_timeout: its record (rank
+    null, the training world's size) lets a training rank's watch find it frozen, as a repair waits for it in
+    the pool's shrink (killed, the place goes to another spare or a spawned process); and rank 0, at the end
+    of training, a released spare that never leaves (stop_frozen_spares). It judges nobody; end() stops it."""
+    if not timeout:
+        return None
+    watch = HangWatch(None, directory)
+    watch.start(None, world_size, world_size)
+    return watch
+
+
+def stop_frozen_spares(directory, world_size: int, timeout: float) -> None:
+    """At the end of training, the idle spares released: wait for each to leave (its heartbeat goes as it does);
+    kill one frozen (its heartbeat older than `timeout`) or still there `timeout` seconds later (stuck): mpirun
+    would wait for it for ever."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [r for r in heartbeats(directory) if r.get("rank") is None and r.get("world_size") == world_size
+                and same_process(r["pid"], r.get("started"))]
+        if not left:
+            return
+        now, late = time.time(), time.monotonic() > deadline
+        for r in left:
+            if now - r["time"] <= timeout and not late:
+                continue
+            try:
+                os.kill(r["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            if claim(directory, r):
+                how = (f"has not run for {now - r['time']:.1f} s" if now - r["time"] > timeout else
+                       f"did not leave within {timeout:g} s of its release")
+                say(f"dsim: hang watch: {_who(r)} {how} (released at the end of training, timeout {timeout:g} s): "
+                    "killed (SIGKILL)")
+        if late:
+            return
+        time.sleep(HEARTBEAT / 5)
 
 
 def leave() -> None:

@@ -126,8 +126,19 @@ def split(comm, cfg):
     return (None if world == MPI.COMM_NULL else world), pool
 
 
-def wait(pool: SparePool):
-    """A spare's life until it leaves: (exit status, None) when released, or (None, Refill) when given a rank."""
+def wait(pool: SparePool, heartbeat=None):
+    """A spare's life until it leaves: (exit status, None) when released, or (None, Refill) when given a rank.
+
+    heartbeat: the spare's (dsim.ft.hang.spare_heartbeat, with tft.hang_timeout), ended as it leaves its wait.
+    """
+    try:
+        return _wait(pool)
+    finally:
+        if heartbeat is not None:
+            heartbeat.end()
+
+
+def _wait(pool: SparePool):
     warm_up()
     watch = Watch(pool.watched)
     watch.start()
