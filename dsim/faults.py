@@ -32,7 +32,8 @@ tft.hang_timeout's watch kills it, and the others save without it).
 freezes it there (tft.hang_timeout's watch kills it): at `repair_at: refill` (the default) the survivors have
 agreed on the step and the dead rank's place is not filled yet, at `exchange` the new world is formed and the
 state has not moved. Either way the repair is given up on every living rank alike and the last gasp follows.
-`spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
+Naming a dead rank, with `repair_at: exchange`, they strike the newcomer that takes its place (a warm spare or
+a spawned process) before the state moves. `spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
 that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
@@ -254,6 +255,20 @@ def during_repair(rank: int, global_step: int, point: str) -> None:
         _second_failure("hang", rank, f"during a repair in the job, {where}", f"repair_{point}", global_step,
                         f"dsim: fault: rank {rank} freezes (SIGSTOP) during the repair in the job, {where} (training "
                         f"to go on after step {global_step})")
+
+
+def newcomer_in_repair(f, rank: int, global_step: int) -> None:
+    """Called in a newcomer (a spare or a spawned process) that took dead rank `rank`'s place, before the state
+    exchange: fault.repair_kill / repair_hang naming that rank, at repair_at: exchange, strike the newcomer there
+    (its own fault config is dropped once it trains: the faults of a rank were its predecessor's)."""
+    if f.repair_at != "exchange":
+        return
+    what = f"the newcomer taking rank {rank}'s place"
+    where = f"during the repair in the job, before the state is exchanged (training to go on after step {global_step})"
+    if f.repair_kill == rank:
+        kill(f"dsim: fault: killing {what} (SIGKILL) {where}")
+    if f.repair_hang == rank:
+        freeze(f"dsim: fault: {what} freezes (SIGSTOP) {where}")
 
 
 def _second_failure(kind: str, rank: int, where: str, at: str, global_step: int, message: str) -> None:

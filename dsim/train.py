@@ -79,12 +79,12 @@ def main(argv=None) -> int:
         guard.set_run_dir(cfg.output.dir)
         world, pool = spares.split(comm, cfg)  # with tft.spares, the last processes of the job are spares
         if world is None:
-            from .ft.hang import spare_heartbeat
-            beat = spare_heartbeat(cfg.output.dir, pool.comm.size - len(pool.spares), cfg.tft.hang_timeout)
+            from .ft.hang import standby_heartbeat
+            standby_heartbeat(cfg.output.dir, pool.comm.size - len(pool.spares), cfg.tft.hang_timeout, "spare")
             if cfg.fault.spare_hang:
                 from .faults import freeze
                 freeze(f"dsim: fault: a warm spare (pid {os.getpid()}) freezes (SIGSTOP) as it begins to wait")
-            code, place = spares.wait(pool, beat)  # until released at the end, or given a dead rank's place
+            code, place = spares.wait(pool)  # until released at the end, or given a dead rank's place
             if place is None:
                 return spares.finish(code)   # released: no collective left for it
             return join(take_place, place.world, place.pool, place.joining)
@@ -123,9 +123,11 @@ def join(how, *args) -> int:
 
     from .ft.inprocess import RepairInterrupted
     from .ft.spares import finish
+    from .ft.hang import end_standby
     try:
         run, step, joining = how(*args)
     except (RepairInterrupted, MPI.Exception):
+        end_standby()
         return finish(1)
     return train(run, step, joining)
 

@@ -167,6 +167,29 @@ def test_a_rank_frozen_during_a_repair_in_the_job_is_killed_then_the_last_gasp_a
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+def test_a_newcomer_frozen_before_the_state_exchange_is_killed_and_the_last_gasp_follows(tmp_path):
+    """Rank 3 dies; the process spawned for its place freezes before the state exchange. It beats from the moment
+    it knows the job's config (a standby heartbeat, rank null), so the survivors' watch finds it frozen while
+    the exchange waits for it (before, it had no heartbeat until it trained: every watch said "waiting" for
+    ever). Killed, the repair is given up alike, and the 7 survivors save the last gasp of step 12."""
+    crash = mpirun(8, ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.arf=true",
+                       *fault("kill", 3, "forward", 13, "--set", "fault.repair_hang=3", "--set", "fault.repair_at=exchange")],
+                   cwd=tmp_path, timeout=120, ft=True)
+    assert ("dsim: fault: the newcomer taking rank 3's place freezes (SIGSTOP) during the repair in the job, before the "
+            "state is exchanged (training to go on after step 12)") in crash.stdout, crash.stdout
+    assert re.search(r"dsim: hang watch: a newcomer \(pid \d+\) has not run for \d+\.\d s \(step 13, timeout 3 s\): "
+                     r"killed \(SIGKILL\)\n", crash.stdout), crash.stdout
+    hang, = events(tmp_path, "hang")
+    assert (hang["rank"], hang["how"]) == (None, "frozen") and hang["frozen_for"] >= TIMEOUT
+    assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal")
+    assert "dsim: warning: no repair in the job: rank(s) 3 died; " in crash.stderr, crash.stderr
+    errors = error_lines(crash)
+    assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed in "
+        "run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_12 by 7 survivors"), crash.stderr
+    assert "internal error" not in crash.stderr
+
+
 def test_a_frozen_rank_is_killed_and_a_warm_spare_takes_its_place(ft_reference, tmp_path):
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
     args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",

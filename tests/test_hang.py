@@ -260,8 +260,8 @@ def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
 
 SPARE = """
 import sys, time
-from dsim.ft.hang import spare_heartbeat
-beat = spare_heartbeat(sys.argv[1], int(sys.argv[2]), 600)
+from dsim.ft.hang import standby_heartbeat
+beat = standby_heartbeat(sys.argv[1], int(sys.argv[2]), 600, "spare")
 print("up", flush=True)
 time.sleep(float(sys.argv[3]))  # waiting for a place
 beat.end()  # released: leaves its wait (its heartbeat goes), then MPI_Finalize
@@ -273,8 +273,8 @@ def test_a_frozen_spare_is_found_and_at_the_end_one_that_never_leaves_is_killed(
     """A warm spare beats while it waits (rank null, the training world's size): frozen, a training rank's watch
     finds it (a repair waits for it in the pool's shrink); at the end of training rank 0 waits for the released
     spares to leave, and kills one frozen (at once) or one still beating after the timeout (stuck)."""
-    from dsim.ft.hang import spare_heartbeat, stop_frozen_spares
-    assert spare_heartbeat(tmp_path, 8, None) is None  # no tft.hang_timeout: no heartbeat
+    from dsim.ft.hang import standby_heartbeat, stop_frozen_spares
+    assert standby_heartbeat(tmp_path, 8, None, "spare") is None  # no tft.hang_timeout: no heartbeat
 
     def spare(world_size, leaves_after):
         p = subprocess.Popen([sys.executable, "-c", SPARE, str(tmp_path), str(world_size), str(leaves_after)],
@@ -303,6 +303,26 @@ def test_a_frozen_spare_is_found_and_at_the_end_one_that_never_leaves_is_killed(
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_a_standby_heartbeat_goes_on_until_the_training_one_begins(tmp_path):
+    """A spare given a place (or a spawned newcomer) beats from its wait (its join) until its training heartbeat
+    replaces it: a repair waiting for it in the state exchange finds it frozen there too."""
+    from dsim.ft import hang
+    beat = hang.standby_heartbeat(tmp_path, 8, 5, "spare")
+    try:
+        assert hang.standby_heartbeat(tmp_path, 8, 5, "newcomer") is beat  # the spare takes a place: it goes on
+        record, = heartbeats(tmp_path / "heartbeats")
+        assert (record["rank"], record["role"], record["world_size"], record["pid"]) == (None, "spare", 8, os.getpid())
+        watch = HangWatch(5, tmp_path)
+        watch.begin(context(3, 8))
+        assert hang._standby is None and not beat._thread.is_alive() and hang._running is watch
+        record, = heartbeats(tmp_path / "heartbeats")
+        assert record["rank"] == 3 and "role" not in record
+        watch.end()
+        assert hang._running is None and heartbeats(tmp_path / "heartbeats") == []
+    finally:
+        hang.end_standby()
 
 
 def test_frozen_spares_need_spares():

@@ -51,6 +51,7 @@ from .straggler import StragglerJudge
 HEARTBEAT = 0.5  # seconds between two heartbeats
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
+_standby = None  # its heartbeat before it trains: a waiting spare, a newcomer joining (standby_heartbeat)
 WORK = {"step": "step", "data loading": "data loading", "callback": "callback", "save": "save",
         "comparison": "comparison of replicas", "evaluation": "evaluation", "last gasp": "last-gasp save",
         "repair": "repair in the job"}  # the work watched (progress.watched) in the watch's lines
@@ -65,6 +66,7 @@ class HangWatch(Callback):
         self.dir = Path(directory) / "heartbeats"
         self.stragglers = StragglerJudge(straggler_factor, straggler_evict) if straggler_factor else None
         self.rank = self.world_size = self.stage_size = None
+        self.role = None  # without a rank (standby_heartbeat): "spare" or "newcomer"
         self.step = 0
         self.said = None  # the work watched (progress.began) whose stall was reported already
         self._stop = threading.Event()
@@ -76,7 +78,11 @@ class HangWatch(Callback):
         self.start(cb.rank, cb.world_size, _stage_size(cb))
 
     def start(self, rank, world_size: int, stage_size: int) -> None:
-        """Beat (and watch) as `rank` of a world of `world_size`; rank None: a warm spare (spare_heartbeat)."""
+        """Beat (and watch) as `rank` of a world of `world_size`; rank None: not training yet (standby_heartbeat).
+        A training rank's heartbeat replaces this process's standby one."""
+        global _running, _standby
+        if rank is not None and _standby is not None:
+            _standby.end()
         self.rank, self.world_size, self.stage_size = rank, world_size, stage_size
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
@@ -87,8 +93,9 @@ class HangWatch(Callback):
         self._thread = threading.Thread(target=self._run, name="dsim-hang-watch", daemon=True)
         self._thread.start()
         if rank is not None:
-            global _running
             _running = self
+        else:
+            _standby = self
 
     def recovered(self, run_context):
         """After a repair in the job or an elastic shrink: this process's rank and world now; between steps. Rank 0
@@ -102,8 +109,11 @@ class HangWatch(Callback):
         self.step = run_context.original_args().cur_step_num + 1
 
     def end(self, run_context=None):
-        global _running
-        _running = None
+        global _running, _standby
+        if _running is self:
+            _running = None
+        if _standby is self:
+            _standby = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -137,7 +147,8 @@ class HangWatch(Callback):
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
                              "world_size": self.world_size, "step": self.step, "time": now,
                              "stalled": None if stalled is None else round(stalled, 3), "work": work,
-                             "step_time": None if step_time is None else round(step_time, 5), "timed": timed})
+                             "step_time": None if step_time is None else round(step_time, 5), "timed": timed,
+                             **({"role": self.role} if self.rank is None else {})})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
 
     def _judge(self, now: float, began: float) -> None:
@@ -180,8 +191,10 @@ class HangWatch(Callback):
 
 
 def _who(record: dict) -> str:
-    """A heartbeat's process in a line: `rank 3 (pid 1234)`, or `a warm spare (pid 1234)`."""
-    return f"{'a warm spare' if record['rank'] is None else 'rank ' + str(record['rank'])} (pid {record['pid']})"
+    """A heartbeat's process in a line: `rank 3 (pid 1234)`, `a warm spare (pid 1234)`, `a newcomer (pid 1234)`."""
+    who = ({"spare": "a warm spare", "newcomer": "a newcomer"}.get(record.get("role"), "a process not training yet")
+           if record["rank"] is None else f"rank {record['rank']}")
+    return f"{who} (pid {record['pid']})"
 
 
 def _stage_size(cb) -> int:
@@ -190,16 +203,28 @@ def _stage_size(cb) -> int:
     return ParallelLayout(**layout).stage_size if layout else cb.world_size
 
 
-def spare_heartbeat(directory, world_size: int, timeout) -> Optional[HangWatch]:
-    """The heartbeat of a warm spare while it waits (dsim.ft.spares), with tft.hang_timeout: its record (rank
-    null, the training world's size) lets a training rank's watch find it frozen, as a repair waits for it in
-    the pool's shrink (killed, the place goes to another spare or a spawned process); and rank 0, at the end
-    of training, a released spare that never leaves (stop_frozen_spares). It judges nobody; end() stops it."""
+def standby_heartbeat(directory, world_size: int, timeout, role: str) -> Optional[HangWatch]:
+    """With tft.hang_timeout, the heartbeat of a process that does not train yet: a warm spare while it waits
+    (dsim.ft.spares; role "spare") and, given a place, until its training heartbeat begins; a process spawned
+    for a dead rank's place from the moment it knows the job's config (role "newcomer"). Its record (rank
+    null, the training world's size) lets a training rank's watch find it frozen while a repair waits for it
+    (in the pool's shrink, or the state exchange: killed, the place goes to another spare or a spawned process,
+    or the repair is given up), and rank 0, at the end of training, a released spare that never leaves
+    (stop_frozen_spares). It judges nobody; end() stops it, and so does a training heartbeat's start."""
     if not timeout:
         return None
+    if _standby is not None:
+        return _standby  # a spare that took a place: the same heartbeat goes on
     watch = HangWatch(None, directory)
+    watch.role = role
     watch.start(None, world_size, world_size)
     return watch
+
+
+def end_standby() -> None:
+    """Stop this process's standby heartbeat, if any (a spare released, a newcomer whose join failed)."""
+    if _standby is not None:
+        _standby.end()
 
 
 def stop_frozen_spares(directory, world_size: int, timeout: float) -> None:

@@ -282,7 +282,10 @@ def take_place(world, pool, joining):
     Its model is built without initial values: every owned slice is received from a replica.
     """
     from ..engine import build_run
+    from .hang import standby_heartbeat
     cfg = config_from_dict(joining["cfg"])
+    # watched from now until its training heartbeat begins (a spare's goes on): frozen here, it is killed
+    standby_heartbeat(cfg.output.dir, joining["world_size"], cfg.tft.hang_timeout, "newcomer")
     f = cfg.fault
     # a new, healthy process: a fault of a rank (fault.rank) was its predecessor's, not its own; a fault plan's
     # entries fire once in the whole campaign, and a fault of every rank (the LeNet page's exception at the end
@@ -292,6 +295,7 @@ def take_place(world, pool, joining):
     run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
     run.spares = pool
     step = joining["step"]
+    faults.newcomer_in_repair(f, world.rank, step)
     if not restore(run.groups, joining["writers"], run.optimizer, step):
         raise RepairInterrupted(f"rank(s) {', '.join(map(str, joining['ranks']))} died", joining["ranks"])
     run.loader.set_init_step(step)

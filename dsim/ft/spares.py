@@ -126,16 +126,21 @@ def split(comm, cfg):
     return (None if world == MPI.COMM_NULL else world), pool
 
 
-def wait(pool: SparePool, heartbeat=None):
+def wait(pool: SparePool):
     """A spare's life until it leaves: (exit status, None) when released, or (None, Refill) when given a rank.
 
-    heartbeat: the spare's (dsim.ft.hang.spare_heartbeat, with tft.hang_timeout), ended as it leaves its wait.
+    Its heartbeat (dsim.ft.hang.standby_heartbeat, with tft.hang_timeout) ends as it leaves, unless it takes
+    a place: then it goes on until the spare's training heartbeat begins.
     """
+    from .hang import end_standby
     try:
-        return _wait(pool)
-    finally:
-        if heartbeat is not None:
-            heartbeat.end()
+        code, got = _wait(pool)
+    except BaseException:
+        end_standby()
+        raise
+    if got is None:
+        end_standby()
+    return code, got
 
 
 def _wait(pool: SparePool):
