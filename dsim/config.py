@@ -108,6 +108,7 @@ class CheckpointSection:
     on_save_error: str = "stop"              # stop (exit 1) | continue (warn, retry at the next save)
     async_save: bool = False                 # write in a background thread from a snapshot; commit when all are durable
     async_staging: str = "memory"            # the snapshot: memory (a reused buffer) | page_cache (the file itself)
+    save_on_signal: bool = False             # SIGUSR2 / SIGTERM: stop after a step all ranks agree on, saved (exit 128+sig)
 
 
 @dataclass
@@ -330,6 +331,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config: fault.at must be one of {', '.join(POINTS)}, got {f.at!r}")
     if f.repair_at not in ("refill", "exchange"):
         raise ConfigError(f"config: fault.repair_at must be refill or exchange, got {f.repair_at!r}")
+    if cfg.checkpoint.save_on_signal and not cfg.checkpoint.enabled:
+        raise ConfigError("config: checkpoint.save_on_signal saves the step training stops at: it needs checkpoint.enabled")
     if f.spare_hang and not cfg.tft.spares:
         raise ConfigError("config: fault.spare_hang freezes the warm spares: it needs tft.spares")
     if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges

@@ -72,6 +72,8 @@ def get_context() -> Context:
 def init(comm=None) -> Context:
     """Join the job's world (MPI.COMM_WORLD, or comm) as mindspore.communication.init() does; idempotent."""
     if comm is None:
+        from . import guard
+        guard.start_mpi()
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
     _context.comm = comm

@@ -82,6 +82,63 @@ def stacks_on_signal() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
+START_TIMEOUT = 120.0  # seconds MPI_Init may take (DSIM_START_TIMEOUT) before start_mpi gives up
+
+
+def start_mpi() -> None:
+    """Initialize MPI (MPI_Init_thread, as importing mpi4py.MPI does) with a deadline: past DSIM_START_TIMEOUT
+    seconds (START_TIMEOUT) rank 0 says why in one line and exits 1, every other rank still waiting a second later.
+
+    Under MPI fault tolerance (`mpirun --with-ft ulfm`: the launch scripts, the tests) a process of the job that
+    ends before its MPI_Init (a module missing on its node, a broken environment, a crash at start-up) leaves
+    every other waiting in MPI_Init for ever; plain mpirun ends the job at once. mpi4py calls MPI_Init_thread
+    holding the interpreter's lock, so no thread could run the deadline meanwhile: the call goes through
+    ctypes (which releases it) on the library mpi4py loads; mpi4py, imported after, finds MPI initialized and
+    sets its error handlers as usual, and MPI_Finalize is called at exit as mpi4py would. Where that library cannot be told (another
+    mpi4py), MPI starts the usual way, without the deadline. Does nothing once mpi4py.MPI is imported."""
+    if "mpi4py.MPI" in sys.modules:
+        return
+    import ctypes
+    import threading
+    try:
+        from mpi4py import _mpiabi
+        lib = _mpiabi._dlopen_libmpi()
+        init, initialized = lib.MPI_Init_thread, lib.MPI_Initialized
+    except Exception:
+        return
+    flag, provided = ctypes.c_int(0), ctypes.c_int(0)
+    if initialized(ctypes.byref(flag)) != 0 or flag.value:
+        return
+    try:
+        timeout = float(os.environ.get("DSIM_START_TIMEOUT") or START_TIMEOUT)
+    except ValueError:
+        timeout = START_TIMEOUT
+    started = threading.Event()
+
+    def deadline():
+        if started.wait(timeout if rank() == 0 else timeout + 1):  # rank 0 first: its line before mpirun's end
+            return
+        if rank() == 0:
+            sys.stderr.write(f"dsim: error: MPI did not start within {timeout:g} s (MPI_Init): a process of this job "
+                             "failed to start or cannot be reached (see the lines above); DSIM_START_TIMEOUT sets "
+                             "the wait\n")
+        _leave(1)
+    threading.Thread(target=deadline, name="dsim-mpi-start", daemon=True).start()
+    try:
+        code = init(None, None, 3, ctypes.byref(provided))  # MPI_THREAD_MULTIPLE (3 in both ABIs), mpi4py's default
+    finally:
+        started.set()
+    if code == 0:
+        import atexit
+        atexit.register(_finalize_mpi)  # as mpi4py does for an MPI it initialized itself (not for this one)
+
+
+def _finalize_mpi() -> None:
+    from mpi4py import MPI
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+
+
 def run(main, argv=None, run_dir=None) -> None:
     """Run an entry point's main(argv) -> exit code under the guard; never returns.
 

@@ -57,6 +57,7 @@ def describe(run) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    guard.start_mpi()  # with a deadline: a process of the job that failed to start leaves the others in MPI_Init
     from mpi4py import MPI  # after argument parsing so --help works without MPI
 
     from .checkpoint.recovery import resume
@@ -184,7 +185,8 @@ def _train(run, step: int, joining) -> int:
         return 1
     except (MPI.Exception, UCEError, CannotRepair) as e:
         return handle_process_failure(run, e)
-    return 0
+    stop = run.stop_on_signal
+    return 128 + stop.stopped if stop is not None and stop.stopped else 0  # stopped on a notice: as ended by it
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The public API in one process (MPI.COMM_SELF): context, datasets, losses, optimizers binding at build, Model's
 run context, the fault-tolerance callbacks' checks, and a script's exception as one line."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,72 @@ def test_a_step_end_cut_short_by_a_repaired_failure_is_finished_by_the_local_cal
     assert [x[1:] for x in seen if x[0] == "other" and x[1] != "step_end"] == [
         ("epoch_begin", 1), *([("epoch_end", 1)] if failing_step != 2 else []), ("epoch_begin", 2), ("epoch_end", 2)]
     model.groups.free()
+
+
+def test_a_repair_back_to_the_end_of_the_epoch_before_numbers_the_redone_step_in_the_epoch_going_on(context):
+    """A failure in step 3 (epoch 2's first) repaired back to step 2 (epoch 1's end): step 3 is redone as epoch 2
+    step 1, in the epoch begun already (not begun again)."""
+    seen = []
+
+    class Failure(Exception):
+        pass
+
+    class Recovery:
+        watches = False
+
+        def step_finished(self, step):
+            pass
+
+        def handles(self, e):
+            return isinstance(e, Failure)
+
+        def recover(self, e, callbacks):
+            seen.append("repair")
+            return 2
+
+    class Strike(dsim.Callback):
+        def epoch_begin(self, run_context):
+            seen.append(("epoch_begin", run_context.original_args().cur_epoch_num))
+
+        def step_begin(self, run_context):
+            if run_context.original_args().cur_step_num == 2 and "repair" not in seen:
+                raise Failure()
+
+        def step_end(self, run_context):
+            cb = run_context.original_args()
+            seen.append((cb.cur_epoch_num, cb.cur_step_in_epoch, cb.cur_step_num))
+
+    net = nn.Network([16])
+    model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.Momentum(net.trainable_params(), 0.01))
+    model.build(dsim.dataset.SyntheticMnist(64).batch(16).take(2))
+    model.recovery = Recovery()
+    model.train(2, dsim.dataset.SyntheticMnist(64).batch(16).take(2), callbacks=[Strike()])
+    assert seen == [("epoch_begin", 1), (1, 1, 1), (1, 2, 2), ("epoch_begin", 2), "repair", (2, 1, 3), (2, 2, 4)]
+    model.groups.free()
+
+
+def test_a_signal_stops_training_after_the_step_it_came_in(context):
+    """checkpoint.save_on_signal's callback: SIGUSR2 during step 3 stops training after it (the ranks' notes
+    agreed at the step's end), the handler is the default again afterwards; it needs checkpoints to save."""
+    import signal
+
+    from dsim.ft.preemption import StopOnSignal
+
+    class Notice(dsim.Callback):
+        def step_begin(self, run_context):
+            if run_context.original_args().cur_step_num == 2:
+                os.kill(os.getpid(), signal.SIGUSR2)  # a scheduler's notice, in the middle of step 3
+
+    net = nn.Network([16])
+    model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.Momentum(net.trainable_params(), 0.01))
+    stop = StopOnSignal()
+    cb = model.train(3, dsim.dataset.SyntheticMnist(64).batch(16).take(2), callbacks=[Notice(), stop])
+    assert (stop.stopped, cb.cur_step_num, model.optimizer.global_step) == (signal.SIGUSR2, 3, 3)
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    model.groups.free()
+    with pytest.raises(ConfigError, match="checkpoint.save_on_signal saves the step training stops at: it needs "
+                                          "checkpoint.enabled"):
+        dsim.config.load_config(None, ["checkpoint.save_on_signal=true", "checkpoint.enabled=false"])
 
 
 def test_fault_tolerance_callbacks_need_the_wrapped_optimizer(context):

@@ -61,3 +61,25 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     assert "dsim: error: internal error on rank 1: ValueError: bug (full traceback in out/logs/rank_1.err)" \
         in proc.stderr.splitlines()
     assert "ValueError: bug" in (tmp_path / "out" / "logs" / "rank_1.err").read_text()
+
+
+def test_a_rank_that_fails_to_start_ends_the_job_with_one_line(tmp_path):
+    """Under MPI fault tolerance (the launch scripts' `mpirun --with-ft ulfm`), rank 3's process ends before its
+    MPI_Init (MPMD: its node runs a broken command): the others waited in MPI_Init for ever (plain mpirun ends
+    the job at once). Past DSIM_START_TIMEOUT rank 0 says so in one line and the job exits 1."""
+    import time
+
+    from conftest import BIN, LAUNCHER, ft_env
+    env = ft_env()
+    opts = env.pop("DSIM_FT_MPIRUN_ARGS").split()
+    job = [sys.executable, "-m", "dsim.train", "--set", "model.hidden=[64,128,128,64]", "--set", "train.epochs=1"]
+    broken = [sys.executable, "-c", "raise SystemExit('rank 3: no dsim on this node')"]
+    t = time.time()
+    proc = run_command([sys.executable, str(LAUNCHER), str(BIN / "mpirun"), *opts, "-n", "3", *job, ":", "-n", "1",
+                        *broken, ":", "-n", "4", *job], tmp_path, 60, None, {**env, "DSIM_START_TIMEOUT": "3"})
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 3: no dsim on this node" in proc.stderr
+    assert [x for x in proc.stderr.splitlines() if x.startswith("dsim: error")] == [
+        "dsim: error: MPI did not start within 3 s (MPI_Init): a process of this job failed to start or cannot be "
+        "reached (see the lines above); DSIM_START_TIMEOUT sets the wait"], proc.stderr
+    assert time.time() - t < 30 and not (tmp_path / "runs").exists()  # nothing trained, nothing written

@@ -55,6 +55,7 @@ class Run:
     loader: Dataset
     spares: object = None  # dsim.ft.spares.SparePool with tft.arf: the job's processes and its idle spares
     eval_dataset: object = None  # data.eval_samples: the held-out samples, evaluated after every epoch
+    stop_on_signal: object = None  # dsim.ft.preemption.StopOnSignal with checkpoint.save_on_signal
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -75,7 +76,7 @@ class Run:
         from ..checkpoint import CheckpointConfig, ModelCheckpoint
         from ..faults import FaultInjector
         cfg, out = self.cfg, self.cfg.output
-        cbs = []
+        cbs, saver = [], None
         if cfg.tft.sdc_check_every:  # first: the replicas are compared before a save at the same step
             from ..ft.sdc import SdcCheck
             cbs.append(SdcCheck(cfg.tft.sdc_check_every))
@@ -83,7 +84,8 @@ class Run:
         if c.enabled:
             config = CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
                                       c.integrated_save, c.append_info, c.async_save, c.async_staging)
-            cbs.append(ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error))
+            saver = ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error)
+            cbs.append(saver)
         if cfg.fault.kind:
             f = cfg.fault
             cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill, f.slowdown,
@@ -93,6 +95,10 @@ class Run:
         if t.hang_timeout or t.straggler_factor:
             from ..ft.hang import HangWatch
             cbs.append(HangWatch(t.hang_timeout, out.dir, t.straggler_factor, t.straggler_evict))
+        if c.save_on_signal:  # after the checkpoint (its end saves the step), before the metrics (its event)
+            from ..ft.preemption import StopOnSignal
+            self.stop_on_signal = StopOnSignal(saver)
+            cbs.append(self.stop_on_signal)
         evaluate = [EvalMonitor(self.eval_dataset)] if self.eval_dataset is not None else []
         return cbs + [LossMonitor(out.loss_every), TimeMonitor(), *evaluate, ProgressBar(out.progress_bar),
                       MetricsLog(Path(out.dir) / "metrics.jsonl"), *extra]

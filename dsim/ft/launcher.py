@@ -221,7 +221,8 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
     cannot be told); 124 after the timeout, as timeout(1) does.
 
     mpirun stays in the caller's process group, so whoever stops the caller's group (a test's timeout, a
-    terminal's Ctrl-C) stops it too; SIGINT and SIGTERM sent to this process alone are passed to it.
+    terminal's Ctrl-C) stops it too; SIGINT and SIGTERM sent to this process alone are passed to it (as SIGTERM),
+    SIGUSR1 and SIGUSR2 as they are.
     """
     for attempt in range(1, tries + 1):
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
@@ -238,9 +239,12 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
                 del tail[:-4096]
         relayed = threading.Thread(target=relay, daemon=True)
         relayed.start()
-        # SIGTERM whichever came: started in the background of a script, mpirun ignores SIGINT
+        # SIGTERM whichever came: started in the background of a script, mpirun ignores SIGINT; SIGUSR1 (stacks)
+        # and SIGUSR2 (stop and save: checkpoint.save_on_signal) as they came, which mpirun passes to every rank
         forward = lambda signum, frame: proc.send_signal(signal.SIGTERM)  # noqa: E731
         old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        old.update({s: signal.signal(s, lambda signum, frame: proc.send_signal(signum))
+                    for s in (signal.SIGUSR1, signal.SIGUSR2)})
         watch = StallWatch(proc.pid, STALL_SECONDS)
         try:
             # ranks looked for 4 times a second: one that ends within a second of starting (a job every rank

@@ -1,0 +1,82 @@
+"""checkpoint.save_on_signal end to end: a scheduler's notice (SIGUSR2 to the launcher, which passes it to mpirun
+and mpirun to every rank; SIGTERM to one rank's own process) stops training after a step every rank agrees on,
+that step is saved and committed, the job exits 128 + the signal, and `--resume auto` goes on bit-identical to an
+uninterrupted run. Every job has a timeout."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import BIN, LAUNCHER, launch_env, mpirun
+from dsim.ft.launcher import descendants, kill_tree
+from ftjob import LOSS, OPTS, events, final_state_equal
+
+pytestmark = pytest.mark.e2e
+SAVE_ON_SIGNAL = ["--set", "checkpoint.save_on_signal=true"]
+STOPPED = re.compile(r"^dsim: (SIG\w+): training stopped after step (\d+) \(epoch (\d+) step (\d+)\), saved as "
+                     r"(\S+); resume with --resume auto \(exit status (\d+)\)$", re.M)
+
+
+def signalled(cwd, when: str, send, timeout=120):
+    """Run the ft job through the launcher; once a stdout line contains `when`, call send(launcher pid)."""
+    cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), "-n", "8", sys.executable, "-m", "dsim.train", *OPTS,
+           *SAVE_ON_SIGNAL]
+    p = subprocess.Popen(cmd, cwd=cwd, env=launch_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = [], []
+    drain = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    drain.start()
+    timer = threading.Timer(timeout, kill_tree, [p.pid])  # nothing outlives a test
+    timer.start()
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if when is not None and when in line:
+                send(p.pid)
+                when = None
+        p.wait()
+    finally:
+        timer.cancel()
+    drain.join(5)
+    return p.returncode, "".join(out), "".join(err)
+
+
+def test_sigusr2_stops_after_an_agreed_step_saved_and_the_resume_is_bit_identical(ft_reference, tmp_path):
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    code, out, err = signalled(tmp_path, "epoch: 1 step: 3,", lambda pid: os.kill(pid, signal.SIGUSR2))
+    assert code == 140, (out, err)
+    stopped = STOPPED.findall(out)
+    assert len(stopped) == 1, out
+    what, step, epoch, in_epoch, name, status = stopped[0]
+    step = int(step)
+    assert (what, status) == ("SIGUSR2", "140") and 3 <= step < 20 and name == f"network-{epoch}_{in_epoch}", out
+    assert LOSS.findall(out) == ref_losses[:step]  # every step up to it, none after
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert (ckpt / f"{name}.commit").exists()  # saved and committed before the exit
+    event, = events(tmp_path, "stopped_on_signal")
+    assert (event["signal"], event["global_step"], event["checkpoint"]) == ("SIGUSR2", step, name)
+    assert "Traceback" not in err and "internal error" not in err
+    resumed = mpirun(8, ["-m", "dsim.train", *OPTS, *SAVE_ON_SIGNAL, "--resume", "auto"], cwd=tmp_path, check=0)
+    assert f"dsim: resumed from run/checkpoints/rank_0/{name}.h5" in resumed.stdout, resumed.stdout
+    assert LOSS.findall(resumed.stdout) == ref_losses[step:]
+    final_state_equal(ref_ckpt, ckpt)
+
+
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    """The signal reaches rank processes at different times, or only some of them (here one): the ranks take the
+    largest note at each step's end, so all stop together; SIGTERM exits 143."""
+    def one_rank(pid):
+        ranks = [p for p in descendants(pid) if os.path.basename(os.readlink(f"/proc/{p}/exe")).startswith("python")]
+        assert len(ranks) == 8
+        os.kill(max(ranks), signal.SIGTERM)
+
+    code, out, err = signalled(tmp_path, "epoch: 1 step: 2,", one_rank)
+    assert code == 143, (out, err)
+    (what, step, _, _, name, status), = STOPPED.findall(out)
+    assert (what, status) == ("SIGTERM", "143") and 2 <= int(step) < 20
+    assert (tmp_path / "run" / "checkpoints" / f"{name}.commit").exists()
+    assert "Traceback" not in err and "internal error" not in err
