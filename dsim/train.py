@@ -82,6 +82,9 @@ def main(argv=None) -> int:
         if world is None:
             from .ft.hang import standby_heartbeat
             standby_heartbeat(cfg.output.dir, pool.comm.size - len(pool.spares), cfg.tft.hang_timeout, "spare")
+            if cfg.checkpoint.save_on_signal:  # the notice mpirun passes on to every process must not end it
+                from .ft.preemption import hold_signals
+                hold_signals()
             if cfg.fault.spare_hang:
                 from .faults import freeze
                 freeze(f"dsim: fault: a warm spare (pid {os.getpid()}) freezes (SIGSTOP) as it begins to wait")

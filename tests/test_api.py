@@ -96,6 +96,29 @@ def test_model_builds_binds_and_passes_the_run_context(context):
     model.groups.free()
 
 
+class Failure(Exception):
+    """A failure the fake repair below handles; its argument: the step training goes on after."""
+
+
+class Repair:
+    """What Model's training loop uses of an in-job repair (dsim.ft.inprocess): it handles Failure and says
+    training goes on after the step the failure names."""
+    watches = False
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    def step_finished(self, step):
+        pass
+
+    def handles(self, e):
+        return isinstance(e, Failure)
+
+    def recover(self, e, callbacks):
+        self.seen.append(("repair", e.args[0]))
+        return e.args[0]
+
+
 @pytest.mark.parametrize("failing_step", [3, 2])
 def test_a_step_end_cut_short_by_a_repaired_failure_is_finished_by_the_local_callbacks(context, failing_step):
     """A failure in a callback at a step's end (a rank dying in the save's collectives) that the in-job repair
@@ -103,22 +126,6 @@ def test_a_step_end_cut_short_by_a_repaired_failure_is_finished_by_the_local_cal
     and for the epoch's end at its last step (step 2 of 2); the others do not run again, and the epoch the
     repair falls in is not begun again (TimeMonitor times it whole)."""
     seen = []
-
-    class Failure(Exception):
-        pass
-
-    class Recovery:
-        watches = False
-
-        def step_finished(self, step):
-            pass
-
-        def handles(self, e):
-            return isinstance(e, Failure)
-
-        def recover(self, e, callbacks):
-            seen.append(("repair", e.args[0]))
-            return e.args[0]  # training goes on after the step that failed at its end
 
     class Saver(dsim.Callback):
         def step_end(self, run_context):
@@ -143,7 +150,7 @@ def test_a_step_end_cut_short_by_a_repaired_failure_is_finished_by_the_local_cal
     net = nn.Network([16])
     model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.Momentum(net.trainable_params(), 0.01))
     model.build(dsim.dataset.SyntheticMnist(64).batch(16).take(2))
-    model.recovery = Recovery()
+    model.recovery = Repair(seen)
     model.train(2, dsim.dataset.SyntheticMnist(64).batch(16).take(2),
                 callbacks=[Record("before", True), Saver(), Record("other", False), Record("local", True)])
     assert ("local", "step_end", 1, 1, 1) in seen
@@ -168,29 +175,13 @@ def test_a_repair_back_to_the_end_of_the_epoch_before_numbers_the_redone_step_in
     step 1, in the epoch begun already (not begun again)."""
     seen = []
 
-    class Failure(Exception):
-        pass
-
-    class Recovery:
-        watches = False
-
-        def step_finished(self, step):
-            pass
-
-        def handles(self, e):
-            return isinstance(e, Failure)
-
-        def recover(self, e, callbacks):
-            seen.append("repair")
-            return 2
-
     class Strike(dsim.Callback):
         def epoch_begin(self, run_context):
             seen.append(("epoch_begin", run_context.original_args().cur_epoch_num))
 
         def step_begin(self, run_context):
-            if run_context.original_args().cur_step_num == 2 and "repair" not in seen:
-                raise Failure()
+            if run_context.original_args().cur_step_num == 2 and ("repair", 2) not in seen:
+                raise Failure(2)  # going on after step 2, epoch 1's last
 
         def step_end(self, run_context):
             cb = run_context.original_args()
@@ -199,9 +190,9 @@ def test_a_repair_back_to_the_end_of_the_epoch_before_numbers_the_redone_step_in
     net = nn.Network([16])
     model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.Momentum(net.trainable_params(), 0.01))
     model.build(dsim.dataset.SyntheticMnist(64).batch(16).take(2))
-    model.recovery = Recovery()
+    model.recovery = Repair(seen)
     model.train(2, dsim.dataset.SyntheticMnist(64).batch(16).take(2), callbacks=[Strike()])
-    assert seen == [("epoch_begin", 1), (1, 1, 1), (1, 2, 2), ("epoch_begin", 2), "repair", (2, 1, 3), (2, 2, 4)]
+    assert seen == [("epoch_begin", 1), (1, 1, 1), (1, 2, 2), ("epoch_begin", 2), ("repair", 2), (2, 1, 3), (2, 2, 4)]
     model.groups.free()
 
 
@@ -224,6 +215,20 @@ def test_a_signal_stops_training_after_the_step_it_came_in(context):
     assert (stop.stopped, cb.cur_step_num, model.optimizer.global_step) == (signal.SIGUSR2, 3, 3)
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
     model.groups.free()
+    # a warm spare holds the notice (mpirun passes it to every process): it lives, and should it take a place,
+    # its StopOnSignal starts from it
+    from dsim.ft import preemption
+    try:
+        preemption.hold_signals()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert preemption._held == signal.SIGUSR2
+        held = StopOnSignal()
+        held.begin(None)
+        assert held.received == signal.SIGUSR2 and signal.getsignal(signal.SIGUSR2) == held._note
+    finally:
+        for s in preemption.SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        preemption._held = 0
     with pytest.raises(ConfigError, match="checkpoint.save_on_signal saves the step training stops at: it needs "
                                           "checkpoint.enabled"):
         dsim.config.load_config(None, ["checkpoint.save_on_signal=true", "checkpoint.enabled=false"])

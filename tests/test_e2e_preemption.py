@@ -1,5 +1,5 @@
 """checkpoint.save_on_signal end to end: a scheduler's notice (SIGUSR2 to the launcher, which passes it to mpirun
-and mpirun to every rank; SIGTERM to one rank's own process) stops training after a step every rank agrees on,
+and mpirun to every process, a warm spare too; SIGTERM to one rank's own process) stops training after a step every rank agrees on,
 that step is saved and committed, the job exits 128 + the signal, and `--resume auto` goes on bit-identical to an
 uninterrupted run. Every job has a timeout."""
 import os
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from conftest import BIN, LAUNCHER, launch_env, mpirun
+from conftest import BIN, LAUNCHER, ft_env, launch_env, mpirun
 from dsim.ft.launcher import descendants, kill_tree
 from ftjob import LOSS, OPTS, events, final_state_equal
 
@@ -21,11 +21,16 @@ STOPPED = re.compile(r"^dsim: (SIG\w+): training stopped after step (\d+) \(epoc
                      r"(\S+); resume with --resume auto \(exit status (\d+)\)$", re.M)
 
 
-def signalled(cwd, when: str, send, timeout=120):
-    """Run the ft job through the launcher; once a stdout line contains `when`, call send(launcher pid)."""
-    cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), "-n", "8", sys.executable, "-m", "dsim.train", *OPTS,
-           *SAVE_ON_SIGNAL]
-    p = subprocess.Popen(cmd, cwd=cwd, env=launch_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+def signalled(cwd, when: str, send, extra=(), n=8, ft=False, timeout=120):
+    """Run the ft job (plus `extra`, on n processes; ft: with MPI fault tolerance, as the launch scripts do) through
+    the launcher; once a stdout line contains `when`, call send(launcher pid)."""
+    env, opts = launch_env(), []
+    if ft:
+        env.update(ft_env())
+        opts = env.pop("DSIM_FT_MPIRUN_ARGS").split()
+    cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), *opts, "-n", str(n), sys.executable, "-m", "dsim.train",
+           *OPTS, *SAVE_ON_SIGNAL, *extra]
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     out, err = [], []
     drain = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
@@ -46,9 +51,13 @@ def signalled(cwd, when: str, send, timeout=120):
 
 
 def test_sigusr2_stops_after_an_agreed_step_saved_and_the_resume_is_bit_identical(ft_reference, tmp_path):
+    """As the launch scripts run it (MPI fault tolerance), with a warm spare: it gets the signal too (mpirun passes
+    it to every process; held: test_api) and leaves with the job."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    code, out, err = signalled(tmp_path, "epoch: 1 step: 3,", lambda pid: os.kill(pid, signal.SIGUSR2))
+    code, out, err = signalled(tmp_path, "epoch: 1 step: 3,", lambda pid: os.kill(pid, signal.SIGUSR2),
+                               ["--set", "tft.spares=1"], n=9, ft=True)
     assert code == 140, (out, err)
+    assert "signal 12" not in err and "spare: every training process" not in err, err
     stopped = STOPPED.findall(out)
     assert len(stopped) == 1, out
     what, step, epoch, in_epoch, name, status = stopped[0]

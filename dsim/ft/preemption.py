@@ -23,6 +23,20 @@ from ..engine.callbacks import Callback, event, say
 from ..parallel import progress
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+_held = 0  # a signal a process not training yet (a warm spare) got while hold_signals() held it
+
+
+def _hold(signum, frame):
+    global _held
+    _held = _held or signum
+
+
+def hold_signals() -> None:
+    """For a warm spare (mpirun passes SIGUSR2 on to every process of the job, spares too): the notice neither
+    ends it nor is lost; should it take a place, its StopOnSignal starts from it."""
+    for s in SIGNALS:
+        if signal.getsignal(s) == signal.SIG_DFL:
+            signal.signal(s, _hold)
 
 
 class StopOnSignal(Callback):
@@ -37,8 +51,9 @@ class StopOnSignal(Callback):
         self._handlers = {}
 
     def begin(self, run_context):
+        self.received = self.received or _held
         for s in SIGNALS:
-            if signal.getsignal(s) == signal.SIG_DFL:
+            if signal.getsignal(s) in (signal.SIG_DFL, _hold):
                 self._handlers[s] = signal.signal(s, self._note)
 
     def _note(self, signum, frame):
