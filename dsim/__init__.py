@@ -23,10 +23,11 @@ from .context import (get_context, get_group_size, get_rank, init, set_auto_para
                       set_context, set_seed)
 from .engine.callbacks import Callback, EvalMonitor, LossMonitor, MetricsLog, RunContext, TimeMonitor  # noqa: E402
 from .engine.model import Model  # noqa: E402
+from .ft.preemption import StopOnSignal  # noqa: E402
 from .ft.tft import TFTRegister, TrainFaultTolerance  # noqa: E402
 from .ft.wrapper import OptTFTWrapper  # noqa: E402
 
 __all__ = ["dataset", "nn", "CheckpointConfig", "ModelCheckpoint", "committed", "latest_committed",
            "load_checkpoint", "load_param_into_net", "restore_group_info_list", "get_context", "get_group_size",
            "get_rank", "init", "set_auto_parallel_context", "set_context", "set_seed", "Callback", "EvalMonitor", "LossMonitor",
-           "MetricsLog", "RunContext", "TimeMonitor", "Model", "TFTRegister", "TrainFaultTolerance", "OptTFTWrapper"]
+           "MetricsLog", "RunContext", "StopOnSignal", "TimeMonitor", "Model", "TFTRegister", "TrainFaultTolerance", "OptTFTWrapper"]

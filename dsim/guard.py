@@ -102,7 +102,7 @@ def start_mpi() -> None:
     import threading
     try:
         from mpi4py import _mpiabi
-        lib = _mpiabi._dlopen_libmpi()
+        lib = _mpiabi._dlopen_libmpi(_mpiabi.LIBMPI or os.environ.get("MPI4PY_LIBMPI"))  # as mpi4py's import
         init, initialized = lib.MPI_Init_thread, lib.MPI_Initialized
     except Exception:
         return

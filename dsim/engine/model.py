@@ -197,6 +197,7 @@ class Model:
             train_network=self.network, train_dataset=train_dataset, device_number=self.groups.world.size,
         )
         ctx = RunContext(cb)
+        self._epoch_open = None  # a train() call begins its first epoch (an earlier call may have stopped in one)
         for c in callbacks:
             if joining is not None and hasattr(c, "join"):
                 c.join(ctx, joining)
