@@ -6,13 +6,17 @@ DSIM_LAUNCHER=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/dsim/ft/launcher.
 dsim_watched() {
     python "$DSIM_LAUNCHER" "$@" &
     local pid=$! status
-    # SIGINT or SIGTERM to this script: passed on (the launcher stops mpirun and its ranks); its status kept
+    # SIGINT or SIGTERM to this script: passed on (the launcher stops mpirun and its ranks); its status kept.
+    # SIGUSR1 (every rank's stacks) and SIGUSR2 (stop after a step and save it: checkpoint.save_on_signal) passed
+    # on as they came, the launcher passing them to mpirun and mpirun to every rank
     trap 'kill -TERM $pid 2>/dev/null' INT TERM
+    trap 'kill -USR1 $pid 2>/dev/null' USR1
+    trap 'kill -USR2 $pid 2>/dev/null' USR2
     while :; do
         wait "$pid" && status=0 || status=$?
         kill -0 "$pid" 2>/dev/null || break  # a trapped signal ends `wait` early: wait again
     done
-    trap - INT TERM
+    trap - INT TERM USR1 USR2
     return "$status"
 }
 

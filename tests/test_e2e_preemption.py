@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from conftest import BIN, LAUNCHER, ft_env, launch_env, mpirun
+from conftest import BIN, LAUNCHER, ROOT, launch_env, mpirun
 from dsim.ft.launcher import descendants, kill_tree
 from ftjob import LOSS, OPTS, events, final_state_equal
 
@@ -21,15 +21,18 @@ STOPPED = re.compile(r"^dsim: (SIG\w+): training stopped after step (\d+) \(epoc
                      r"(\S+); resume with --resume auto \(exit status (\d+)\)$", re.M)
 
 
-def signalled(cwd, when: str, send, extra=(), n=8, ft=False, timeout=120):
-    """Run the ft job (plus `extra`, on n processes; ft: with MPI fault tolerance, as the launch scripts do) through
-    the launcher; once a stdout line contains `when`, call send(launcher pid)."""
-    env, opts = launch_env(), []
-    if ft:
-        env.update(ft_env())
-        opts = env.pop("DSIM_FT_MPIRUN_ARGS").split()
-    cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), *opts, "-n", str(n), sys.executable, "-m", "dsim.train",
-           *OPTS, *SAVE_ON_SIGNAL, *extra]
+def signalled(cwd, when: str, send, script=False, extra=(), timeout=120):
+    """Run the ft job with save_on_signal (plus `extra`): through the launcher, or with script=True through the
+    launch script (MPI fault tolerance, a spare from the config's tft.spares); once a stdout line contains `when`,
+    call send(pid of the launcher or the script)."""
+    env = launch_env()
+    if script:
+        cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), str(ROOT / "configs" / "default.yaml"),
+               "run/checkpoints", *OPTS, *SAVE_ON_SIGNAL, *extra]
+        env["VIRTUAL_ENV"] = sys.prefix
+    else:
+        cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), "-n", "8", sys.executable, "-m", "dsim.train",
+               *OPTS, *SAVE_ON_SIGNAL, *extra]
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     out, err = [], []
@@ -51,11 +54,13 @@ def signalled(cwd, when: str, send, extra=(), n=8, ft=False, timeout=120):
 
 
 def test_sigusr2_stops_after_an_agreed_step_saved_and_the_resume_is_bit_identical(ft_reference, tmp_path):
-    """As the launch scripts run it (MPI fault tolerance), with a warm spare: it gets the signal too (mpirun passes
-    it to every process; held: test_api) and leaves with the job."""
+    """Through the launch script, as a batch system signals it (Slurm's --signal=B:USR2@120): the script passes it
+    to the launcher, the launcher to mpirun, mpirun to every process, the warm spare too (held: test_api), which
+    leaves with the job."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    code, out, err = signalled(tmp_path, "epoch: 1 step: 3,", lambda pid: os.kill(pid, signal.SIGUSR2),
-                               ["--set", "tft.spares=1"], n=9, ft=True)
+    code, out, err = signalled(tmp_path, "epoch: 1 step: 3,", lambda pid: os.kill(pid, signal.SIGUSR2), script=True,
+                               extra=["--set", "tft.spares=1"])
+    assert "+ mpirun --with-ft ulfm --stdin none -n 9 python -m dsim.train" in err
     assert code == 140, (out, err)
     assert "signal 12" not in err and "spare: every training process" not in err, err
     stopped = STOPPED.findall(out)
