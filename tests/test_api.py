@@ -180,7 +180,9 @@ def test_a_repair_back_to_the_end_of_the_epoch_before_numbers_the_redone_step_in
             seen.append(("epoch_begin", run_context.original_args().cur_epoch_num))
 
         def step_begin(self, run_context):
-            if run_context.original_args().cur_step_num == 2 and ("repair", 2) not in seen:
+            cb = run_context.original_args()
+            seen.append(("step_begin", cb.cur_epoch_num, cb.cur_step_in_epoch))
+            if cb.cur_step_num == 2 and ("repair", 2) not in seen:
                 raise Failure(2)  # going on after step 2, epoch 1's last
 
         def step_end(self, run_context):
@@ -192,7 +194,9 @@ def test_a_repair_back_to_the_end_of_the_epoch_before_numbers_the_redone_step_in
     model.build(dsim.dataset.SyntheticMnist(64).batch(16).take(2))
     model.recovery = Repair(seen)
     model.train(2, dsim.dataset.SyntheticMnist(64).batch(16).take(2), callbacks=[Strike()])
-    assert seen == [("epoch_begin", 1), (1, 1, 1), (1, 2, 2), ("epoch_begin", 2), ("repair", 2), (2, 1, 3), (2, 2, 4)]
+    assert seen == [("epoch_begin", 1), ("step_begin", 1, 0), (1, 1, 1), ("step_begin", 1, 1), (1, 2, 2),
+                    ("epoch_begin", 2), ("step_begin", 2, 0), ("repair", 2), ("step_begin", 2, 0), (2, 1, 3),
+                    ("step_begin", 2, 1), (2, 2, 4)]
     model.groups.free()
 
 

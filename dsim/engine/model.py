@@ -232,9 +232,9 @@ class Model:
         begun, that epoch goes on: its epoch_begin hooks do not run again (TimeMonitor times the whole epoch)."""
         cb, spe = ctx.original_args(), train_dataset.get_dataset_size()
         for ep, step, images, labels in progress.fetched(train_dataset.batches(epoch)):  # (tft.hang_timeout)
-            cb.cur_epoch_num = ep + 1  # (a repair may have gone back to the end of the epoch before)
+            cb.cur_epoch_num, cb.cur_step_in_epoch = ep + 1, step  # (after a repair: where it went back to)
             if ep != self._epoch_open:
-                self._epoch_open, cb.cur_step_in_epoch = ep, step
+                self._epoch_open = ep
                 _call(callbacks, "epoch_begin", ctx)
             cb.lr = self.optimizer.current_lr()
             _call(callbacks, "step_begin", ctx)
