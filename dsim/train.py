@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from . import guard
 from .checkpoint import CheckpointError
@@ -154,7 +153,7 @@ def train(run, step: int, joining=None) -> int:
         timeout = run.cfg.tft.hang_timeout
         if timeout and run.spares.spares and run.groups.world.rank == 0:  # one that never leaves: killed
             from .ft.hang import stop_frozen_spares
-            stop_frozen_spares(Path(run.cfg.output.dir) / "heartbeats", run.groups.world.size, timeout)
+            stop_frozen_spares(run.cfg.output.dir, run.groups.world.size, timeout)
     if run.model.recovery is not None:
         run.model.recovery.release_idle()
     from .ft.spares import finish

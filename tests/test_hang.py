@@ -290,7 +290,7 @@ def test_a_frozen_spare_is_found_and_at_the_end_one_that_never_leaves_is_killed(
         frozen, stuck = find_hung(tmp_path / "heartbeats", 8, time.time(), 2.0)
         assert [(r["pid"], r["rank"]) for r in frozen] == [(procs["frozen"].pid, None)] and stuck == []
         t = time.monotonic()
-        stop_frozen_spares(tmp_path / "heartbeats", 8, 2.0)
+        stop_frozen_spares(tmp_path, 8, 2.0)
         took = time.monotonic() - t
         assert procs["frozen"].wait(5) == procs["stuck"].wait(5) == -signal.SIGKILL
         assert procs["leaving"].poll() is None and procs["other world"].poll() is None  # left its wait; another job's

@@ -63,7 +63,7 @@ class HangWatch(Callback):
     def __init__(self, timeout: Optional[float], directory, straggler_factor: Optional[float] = None,
                  straggler_evict: bool = False):
         self.timeout = None if timeout is None else float(timeout)  # None: no hang judged (stragglers only)
-        self.dir = Path(directory) / "heartbeats"
+        self.dir = Path(directory) / "heartbeats"  # (stop_frozen_spares reads the same)
         self.stragglers = StragglerJudge(straggler_factor, straggler_evict) if straggler_factor else None
         self.rank = self.world_size = self.stage_size = None
         self.role = None  # without a rank (standby_heartbeat): "spare" or "newcomer"
@@ -167,11 +167,7 @@ class HangWatch(Callback):
                 "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting")
             return
         for record in frozen + stuck:
-            try:
-                os.kill(record["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            if claim(self.dir, record):  # the first watch to kill it reports it
+            if _kill(self.dir, record):  # the first watch to kill it reports it
                 self._report(record, now, "stuck" if record in stuck else "frozen")
 
     def _report(self, record: dict, now: float, how: str) -> None:
@@ -228,25 +224,20 @@ def end_standby() -> None:
 
 
 def stop_frozen_spares(directory, world_size: int, timeout: float) -> None:
-    """At the end of training, the idle spares released: wait for each to leave (its heartbeat goes as it does);
-    kill one frozen (its heartbeat older than `timeout`) or still there `timeout` seconds later (stuck): mpirun
-    would wait for it for ever."""
-    deadline = time.monotonic() + timeout
+    """At the end of training (heartbeats under `directory`, the output directory, as HangWatch's), the idle spares
+    released: wait for each to leave (its heartbeat goes as it does); kill one frozen (its heartbeat older than
+    `timeout`) or still there `timeout` seconds later (stuck): mpirun would wait for it for ever."""
+    beats, deadline = Path(directory) / "heartbeats", time.monotonic() + timeout
     while True:
-        left = [r for r in heartbeats(directory) if r.get("rank") is None and r.get("world_size") == world_size
+        left = [r for r in heartbeats(beats) if r.get("rank") is None and r.get("world_size") == world_size
                 and same_process(r["pid"], r.get("started"))]
         if not left:
             return
         now, late = time.time(), time.monotonic() > deadline
         for r in left:
-            if now - r["time"] <= timeout and not late:
-                continue
-            try:
-                os.kill(r["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            if claim(directory, r):
-                how = (f"has not run for {now - r['time']:.1f} s" if now - r["time"] > timeout else
+            ago = now - r["time"]
+            if (ago > timeout or late) and _kill(beats, r):
+                how = (f"has not run for {ago:.1f} s" if ago > timeout else
                        f"did not leave within {timeout:g} s of its release")
                 say(f"dsim: hang watch: {_who(r)} {how} (released at the end of training, timeout {timeout:g} s): "
                     "killed (SIGKILL)")
@@ -287,6 +278,15 @@ def find_hung(directory, world_size: int, now: float, timeout: float) -> tuple[l
         if hung is not None and same_process(r["pid"], r.get("started")):
             hung.append(r)
     return frozen, stuck
+
+
+def _kill(directory, record: dict) -> bool:
+    """SIGKILL the process of a heartbeat record; whether this caller claimed it first (and so reports it)."""
+    try:
+        os.kill(record["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return claim(directory, record)
 
 
 def claim(directory, record: dict) -> bool:
