@@ -353,7 +353,7 @@ def test_a_straggler_is_slower_than_the_others_of_its_stage():
     assert [r["rank"] for r, _ in find_stragglers([record(0, 0.1, 2), record(1, 0.25, 2)], 2, 2, 2.0)] == [1]
 
 
-def test_a_straggler_is_judged_after_steps_past_the_factor_and_once(capfd):
+def test_a_straggler_is_judged_after_steps_past_the_factor_and_once(capfd, tmp_path):
     from dsim.ft.straggler import STEPS, StragglerJudge
     killed, claimed = [], []
     judge = StragglerJudge(2.0, evict=False)
@@ -374,18 +374,26 @@ def test_a_straggler_is_judged_after_steps_past_the_factor_and_once(capfd):
                      "reported (tft.straggler_evict: false)") == 1, out
     assert claimed == []                                                   # reported, not killed
 
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    from dsim.ft.hang import _kill, claim
+    victims = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
     try:
-        evicting = StragglerJudge(3.0, evict=True)
-        rows = [record(r, 0.1, 4) for r in range(3)] + [record(3, 0.4, 4, pid=victim.pid, timed=0)]
-        evicting.look(rows, 4, 4, alive, claimed.append)
-        rows[3] = record(3, 0.4, 4, pid=victim.pid, timed=STEPS)
-        evicting.look(rows, 4, 4, alive, claimed.append)
-        assert victim.wait(timeout=10) == -signal.SIGKILL and [r["pid"] for r in claimed] == [victim.pid]
-        assert "killed (SIGKILL), as a failed rank (tft.straggler_evict)" in capfd.readouterr().out
+        kill = lambda r: _kill(tmp_path, r)  # noqa: E731  (as the hang watch passes it)
+        for victim, frozen_too in zip(victims, (False, True)):
+            evicting = StragglerJudge(3.0, evict=True)
+            rows = [record(r, 0.1, 4) for r in range(3)] + [record(3, 0.4, 4, pid=victim.pid, timed=0)]
+            evicting.look(rows, 4, 4, alive, kill)
+            rows[3] = record(3, 0.4, 4, pid=victim.pid, timed=STEPS)
+            if frozen_too:  # a hang watch killed and reported it first: killed, not reported twice
+                assert claim(tmp_path, rows[3])
+            evicting.look(rows, 4, 4, alive, kill)
+            assert victim.wait(timeout=10) == -signal.SIGKILL
+            assert (tmp_path / f"killed-{victim.pid}-{rows[3]['started']}").exists()
+            out = capfd.readouterr().out
+            assert out.count("killed (SIGKILL), as a failed rank (tft.straggler_evict)") == (0 if frozen_too else 1), out
     finally:
-        victim.kill()
-        victim.wait()
+        for victim in victims:
+            victim.kill()
+            victim.wait()
 
 
 def test_progress_times_a_step_outside_its_waits():

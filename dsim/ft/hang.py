@@ -135,7 +135,7 @@ class HangWatch(Callback):
                 if self.stragglers is not None and self.rank == 0:
                     live = [r for r in heartbeats(self.dir) if now - r.get("time", 0) < 4 * HEARTBEAT]
                     self.stragglers.look(live, self.world_size, self.stage_size, same_process,
-                                         lambda r: claim(self.dir, r))
+                                         lambda r: _kill(self.dir, r))
             except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
                 if not warned:
                     say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")

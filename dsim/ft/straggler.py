@@ -14,8 +14,6 @@ a straggler. It is reported once (a `straggler` event and a line) and, with `tft
 """
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 
 from ..engine.callbacks import event, say
@@ -48,7 +46,9 @@ class StragglerJudge:
         self.since = {}      # pid -> its count of steps measured when it was first seen past the factor
         self.judged = set()  # pids reported already
 
-    def look(self, records: list[dict], world_size: int, stage_size: int, same_process, claim) -> None:
+    def look(self, records: list[dict], world_size: int, stage_size: int, same_process, kill) -> None:
+        """`kill(record)` SIGKILLs a straggler with tft.straggler_evict and says whether this watch claimed it
+        first (dsim.ft.hang._kill: the hang watch may have killed it as frozen already, and reported it)."""
         slow = {r["pid"]: (r, median) for r, median in find_stragglers(records, world_size, stage_size, self.factor)}
         self.since = {pid: n for pid, n in self.since.items() if pid in slow}  # back under the factor: again
         for pid, (r, median) in slow.items():
@@ -56,19 +56,15 @@ class StragglerJudge:
             if pid in self.judged or r.get("timed", 0) - first < STEPS or not same_process(pid, r.get("started")):
                 continue
             self.judged.add(pid)
-            self._act(r, median, claim)
+            self._act(r, median, kill)
 
-    def _act(self, r: dict, median: float, claim) -> None:
+    def _act(self, r: dict, median: float, kill) -> None:
         times = r["step_time"] / median
         what = (f"rank {r['rank']} (pid {r['pid']}) computes its steps {times:.1f}x slower than the other ranks of its "
                 f"stage ({1000 * r['step_time']:.0f} ms a step against a median of {1000 * median:.0f} ms, as of step "
                 f"{r['step']}; tft.straggler_factor {self.factor:g})")
-        if self.evict:
-            try:
-                os.kill(r["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            claim(r)  # as the hang watch marks its kills: the others' watches know it is on its way
+        if self.evict and not kill(r):  # gone already, or killed by a hang watch first, which said so
+            return
         event("straggler", any_rank=True, rank=r["rank"], global_step=r["step"], step_ms=round(1000 * r["step_time"], 1),
               median_ms=round(1000 * median, 1), factor=self.factor, evicted=self.evict)
         say(f"dsim: straggler watch: {what}: " + ("killed (SIGKILL), as a failed rank (tft.straggler_evict)"
