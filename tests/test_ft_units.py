@@ -317,6 +317,11 @@ def test_a_launcher_that_failed_to_start_is_started_again(tmp_path):
     assert (code, out, n) == (213, "", START_TRIES) and "listener thread failed to start" in err
     code, out, err, n = launch(fails=0, code=3)    # a job that ran and failed is not run again
     assert (code, out, err, n) == (3, "ran: -n 2 x\n", "", 1)
+    # what the tests' mpirun() keeps of a job's stderr: the start that ran
+    from conftest import after_failed_starts
+    code, out, err, n = launch(fails=START_TRIES - 1, code=3)
+    assert code == 3 and err.count("starting it again") == START_TRIES - 1 and after_failed_starts(err) == ""
+    assert after_failed_starts(err + "dsim: error: x\n") == "dsim: error: x\n" == after_failed_starts("dsim: error: x\n")
 
 
 def test_the_launcher_stops_a_stall_and_kills_every_rank_on_a_timeout(tmp_path):
