@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from dsim.parallel import progress
 
 BEATING = """
 import sys, time
+from pathlib import Path
 from types import SimpleNamespace
 from dsim.ft.hang import HangWatch
 from dsim.parallel import progress
@@ -394,6 +396,22 @@ def test_a_straggler_is_judged_after_steps_past_the_factor_and_once(capfd, tmp_p
         for victim in victims:
             victim.kill()
             victim.wait()
+
+
+def test_rank_0_judged_a_straggler_says_so_before_it_is_killed(tmp_path):
+    """The straggler watch runs on rank 0: when rank 0 is the straggler, its line comes before its own kill."""
+    code = (f"import os, sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from test_hang import record\nfrom dsim.ft.hang import _kill\nfrom dsim.ft.straggler import STEPS, StragglerJudge\n"
+            f"d = {str(tmp_path)!r}\n"
+            "rows = [record(0, 0.9, 4, pid=os.getpid(), timed=t) for t in (0, STEPS)]\n"
+            "judge = StragglerJudge(3.0, evict=True)\n"
+            "for r in rows:\n"
+            "    judge.look([r] + [record(k, 0.1, 4) for k in (1, 2, 3)], 4, 4, lambda p, s: True, lambda x: _kill(d, x))\n"
+            "print('not killed')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.stdout + p.stderr
+    assert p.stdout.startswith("dsim: straggler watch: rank 0 (pid ") and "killed (SIGKILL)" in p.stdout, p.stdout
+    assert "not killed" not in p.stdout and list(tmp_path.glob("killed-*"))
 
 
 def test_progress_times_a_step_outside_its_waits():

@@ -281,7 +281,11 @@ def find_hung(directory, world_size: int, now: float, timeout: float) -> tuple[l
 
 
 def _kill(directory, record: dict) -> bool:
-    """SIGKILL the process of a heartbeat record; whether this caller claimed it first (and so reports it)."""
+    """SIGKILL the process of a heartbeat record; whether this caller claimed it first (and so reports it). The
+    caller's own process (the straggler watch's judge is rank 0, which may be the straggler) is claimed first."""
+    if record["pid"] == os.getpid():
+        claim(directory, record)
+        os.kill(os.getpid(), signal.SIGKILL)
     try:
         os.kill(record["pid"], signal.SIGKILL)
     except ProcessLookupError:

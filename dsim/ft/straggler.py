@@ -14,6 +14,7 @@ a straggler. It is reported once (a `straggler` event and a line) and, with `tft
 """
 from __future__ import annotations
 
+import os
 import statistics
 
 from ..engine.callbacks import event, say
@@ -63,9 +64,12 @@ class StragglerJudge:
         what = (f"rank {r['rank']} (pid {r['pid']}) computes its steps {times:.1f}x slower than the other ranks of its "
                 f"stage ({1000 * r['step_time']:.0f} ms a step against a median of {1000 * median:.0f} ms, as of step "
                 f"{r['step']}; tft.straggler_factor {self.factor:g})")
-        if self.evict and not kill(r):  # gone already, or killed by a hang watch first, which said so
+        judge = r["pid"] == os.getpid()  # rank 0 itself: it says so first, then it is killed
+        if self.evict and not judge and not kill(r):  # gone already, or killed by a hang watch first, which said so
             return
         event("straggler", any_rank=True, rank=r["rank"], global_step=r["step"], step_ms=round(1000 * r["step_time"], 1),
               median_ms=round(1000 * median, 1), factor=self.factor, evicted=self.evict)
         say(f"dsim: straggler watch: {what}: " + ("killed (SIGKILL), as a failed rank (tft.straggler_evict)"
                                                   if self.evict else "reported (tft.straggler_evict: false)"))
+        if self.evict and judge:
+            kill(r)
