@@ -138,7 +138,7 @@ class TFTConfig:
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     hang_timeout: Optional[float] = None     # seconds a frozen or stuck rank is waited for, then killed (dsim.ft.hang)
     straggler_factor: Optional[float] = None  # a rank computing its steps this many times slower than the median is a straggler
-    straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place; implies ttp)
+    straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place)
     sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
     sdc_rollback: bool = True                # corruption found: roll back in the job to the newest checkpoint (else stop)
     ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
@@ -274,8 +274,8 @@ def apply_tft_env(tft: TFTConfig, value) -> None:
             setattr(tft, k.lower(), v == "1")
     if isinstance(tft.spares, int) and tft.spares > 0:
         tft.arf = True  # a spare is only ever used to replace a dead rank
-    if tft.uce or tft.arf or tft.elastic or tft.straggler_evict is True:  # (a killed straggler is a death)
-        tft.ttp = True
+    if tft.uce or tft.arf or tft.elastic:  # (a straggler killed, as a rank the hang watch kills, is a death like
+        tft.ttp = True                      # any other: what follows it is what this config does for one)
 
 
 def validate(cfg: Config) -> None:

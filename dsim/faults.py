@@ -36,12 +36,13 @@ Naming a dead rank, with `repair_at: exchange`, they strike the newcomer that ta
 a spawned process) before the state moves. `spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
 that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc, at: forward | allreduce | update} fires
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc | slow, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
 at or after `time` (Unix seconds; 0 if left out), and, with `step: N`, in global step N or later (a plan
 written by hand: {"faults": [{"rank": 1, "kind": "sdc", "at": "forward", "step": 9}, ...]}); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
 (with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
-ranks 0..n-1 the first node) dies at that moment, the victim SIGKILLing the others, then itself. For that, each
+ranks 0..n-1 the first node) dies at that moment, the victim SIGKILLing the others, then itself; `slow` (with
+`slowdown: s`, default 4) makes the rank compute s times slower for the rest of its process's life. For that, each
 process records its pid as its rank's in <plan>.ranks/ when it loads the plan. A fired entry is marked by a
 file created exclusively in <plan>.fired/, so a restarted job, a warm spare or a spawned replacement that takes
 the rank never fires it again.
@@ -303,7 +304,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc", "slow")
 PLAN_POINTS = ("forward", "allreduce", "update")
 STUCK_POINTS = (*PLAN_POINTS, "save", "step_end", "epoch_end")  # inside work the hang watch judges (progress)
 
@@ -358,6 +359,10 @@ class FaultPlan:
                 stall(f"dsim: fault: rank {self.rank} is stuck (its training stops, its process runs) {where}")
             if f["kind"] == "sdc":
                 say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
+                return
+            if f["kind"] == "slow":  # a straggler (tft.straggler_factor finds it), until its process ends
+                progress.slowdown = float(f.get("slowdown", 4.0))
+                say(f"dsim: fault: rank {self.rank} computes {progress.slowdown:g}x slower from now on {where}")
                 return
             if node:
                 say(f"dsim: fault: node failure: ranks {node[0]}-{node[-1]} die together {where}")

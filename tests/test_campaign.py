@@ -393,6 +393,76 @@ def test_a_silent_corruption_is_not_met_by_the_repair_of_another_failure():
     assert (flip["how"], flip["resumed_from"], flip["steps_lost"], flip["predicted_lost"]) == ("restart", 0, 10, 10)
 
 
+def test_a_slow_rank_is_met_once_the_straggler_watch_kills_it():
+    # rank 5 computes 4x slower from step 13 (t=12.5); the watch kills it as of its step 17 (t=20); a warm spare
+    # takes its place and training goes on after step 17: nothing lost in the job, the recovery from the onset.
+    # Another failure's repair before the kill (rank 2 killed in step 15) does not meet it
+    events = steps(1, 12, 1.0) + [ev("fault", 12.5, plan_index=0, rank=5, kind="slow", at="forward", global_step=13)]
+    events += steps(13, 14, 14.0, dt=2.0)
+    events += [ev("fault", 15.5, plan_index=1, rank=2, kind="kill", at="update", global_step=15),
+               ev("heal", 15.8, failed=[2], damaged=[], global_step=14), ev("recovered", 16.5, global_step=15,
+                                                                                fault="heal")]
+    events += steps(15, 17, 16.5, dt=2.0)
+    events += [ev("straggler", 20.0, rank=5, global_step=18, evicted=True),  # (in step 18, as its heartbeat said)
+               ev("heal", 20.3, failed=[5], damaged=[], global_step=17)] + steps(18, 20, 21.0)
+    slow, kill = analysis.failures(sorted(events, key=lambda e: e["time"]), end=100)
+    assert (kill["how"], kill["resumed_from"], kill["steps_lost"]) == ("in the job", 14, 0)
+    assert (slow["kind"], slow["how"], slow["resumed_from"], slow["steps_lost"], slow["predicted_lost"]) == \
+        ("slow", "in the job", 17, 0, 0)
+    assert slow["recovered"] and slow["recovery_s"] == pytest.approx(21.0 - 12.5)
+    # the same kill with no warm spare: the last gasp of step 17, a restart from it
+    events = steps(1, 12, 1.0) + [ev("checkpoint_committed", 10.5, global_step=10),
+                                  ev("fault", 12.5, plan_index=0, rank=5, kind="slow", at="forward", global_step=13)]
+    events += steps(13, 17, 14.0, dt=2.0) + [ev("checkpoint_committed", 15.5, global_step=15),
+                                             ev("straggler", 22.5, rank=5, global_step=18, evicted=True),
+                                             ev("last_gasp_saved", 23.0, failed=[5], global_step=17),
+                                             ev("train_begin", 30.0, global_step=17)] + steps(18, 20, 31.0)
+    events.sort(key=lambda e: e["time"])
+    (slow,) = analysis.failures(events, end=100, restarts=[29.0])
+    assert (slow["how"], slow["resumed_from"], slow["steps_lost"], slow["predicted_lost"]) == ("restart", 17, 0, 0)
+    # periodic: back to step 15 (committed after its onset, before the kill): 2 steps lost, as promised
+    events = [e for e in events if e["event"] != "last_gasp_saved"]
+    events = [dict(e, global_step=15) if e["event"] == "train_begin" else e for e in events]
+    (slow,) = analysis.failures(events, end=100, restarts=[29.0])
+    assert (slow["how"], slow["resumed_from"], slow["steps_lost"], slow["predicted_lost"]) == ("restart", 15, 2, 2)
+    # a healthy rank past the factor killed too (a false alarm), within the budget
+    events += [ev("straggler", 40.0, rank=1, global_step=22, evicted=True)]
+    row = analysis.summarize([slow], events, start=0, end=100, save_every=5, fault_free_rate=1.0)
+    assert (row["stragglers_evicted"], row["healthy_evicted"]) == (2, 1)
+    assert analysis.evictions([slow], events, end=30.0) == (1, 0)
+    # reported, not killed (tft.straggler_evict off): seen, never met, still slow at the end
+    events = steps(1, 12, 1.0) + [ev("fault", 12.5, plan_index=0, rank=5, kind="slow", at="forward", global_step=13)]
+    events += steps(13, 30, 14.0, dt=2.0) + [ev("straggler", 22.5, rank=5, global_step=17, evicted=False),
+                                             ev("recovered", 23.0, global_step=18, fault="heal")]
+    (slow,) = analysis.failures(sorted(events, key=lambda e: e["time"]), end=100)
+    assert slow["seen"] and (slow["how"], slow["recovered"], slow["steps_lost"]) == (None, False, None)
+
+
+def test_a_slow_plan_entry_slows_its_rank_until_its_process_ends(tmp_path):
+    from dsim.parallel import progress
+    path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(0, 1, "slow", "update")], start=0.0,
+                               slowdown=3.0)
+    assert json.loads(path.read_text())["faults"][0]["slowdown"] == 3.0
+    plan = FaultPlan.load(path, 1)
+    try:
+        plan.strike("forward", 4, None)
+        assert progress.slowdown == 1.0 and plan.entries
+        plan.strike("update", 4, None)
+        assert progress.slowdown == 3.0 and fired_marker(path, 0).exists() and not plan.entries
+    finally:
+        progress.slowdown = 1.0
+
+
+@pytest.mark.parametrize("extra, factor, slowdown", [([], 3.0, 4.0), (["--straggler-factor", "0"], None, 4.0),
+                                                     (["--straggler-factor", "3", "--slowdown", "8"], 3.0, 8.0)])
+def test_slow_failures_arm_every_jobs_straggler_watch(tmp_path, extra, factor, slowdown):
+    from dsim.campaign.__main__ import parse_args, settings_from
+    settings, _ = settings_from(parse_args(["--faults", "kill,slow", *extra, "-o", str(tmp_path / "out")]))
+    assert (settings.straggler_factor, settings.slowdown) == (factor, slowdown)
+    settings, _ = settings_from(parse_args(["--faults", "kill", *extra, "-o", str(tmp_path / "out")]))
+    assert (settings.straggler_factor, settings.slowdown) == (None, None)
+
+
 def test_checkpoint_cost_and_losses():
     # ordinary steps of 1 s, a save every 5 steps adds 0.5 s
     t, events = 0.0, []
@@ -535,6 +605,8 @@ def test_report_table():
     (["--faults", "node", "--ranks", "6"], "--ranks-per-node 4 must divide --ranks 6"),
     (["--faults", "sdc", "--sdc-check-every", "0"], "--sdc-check-every must be >= 1 step"),
     (["--faults", "hang", "--hang-timeout", "soon"], "--hang-timeout: 'soon' is not a duration"),
+    (["--faults", "slow", "--slowdown", "1"], "--slowdown must be a number > 1"),
+    (["--faults", "slow", "--straggler-factor", "0.5"], "--straggler-factor must be a number > 1 (or 0: not watched)"),
     (["--node-mtbf", "soon"], "--node-mtbf: 'soon' is not a duration"),
     (["--save-every", "10,x"], "--save-every: '10,x' is not a list"),
     (["--set", "model.hiden=[4]"], "config: unknown key 'model.hiden'"),

@@ -2,6 +2,7 @@
 and Ctrl-C in the middle of one."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +147,36 @@ def test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job(
     assert what_if["node_mtbf_s"] == doc["settings"]["node_mtbf_s"] == 5 * 365 * 86400 and what_if["ranks_per_node"] == 4
     assert [(r["nodes"], r["node_fatal"]) for r in what_if["rows"]] == [(n // 4, False) for n in (1024, 4096, 16384, 65536)]
     assert "per-node MTBF 5y (nodes of 4 ranks)" in proc.stdout
+
+
+def test_a_slow_rank_is_found_by_the_straggler_watch_and_healed_in_the_job(tmp_path):
+    # seed 1's plan: rank 0 computes 4x slower from 5.4 s on. Rank 0 runs the straggler watch, so it judges
+    # itself: it says so, then it is killed, and a warm spare takes its place. A healthy rank past the factor on
+    # these busy cores would be killed too (counted as healthy), and healed alike: the run stays exact
+    (slow,) = failures.draw(1, 12, 14, ["slow"], 8)
+    assert (slow.rank, slow.kind) == (0, "slow") and 5 <= slow.offset <= 6
+    out = tmp_path / "report"
+    proc = run_command([sys.executable, "-m", "dsim.campaign", *SMALL, "--mtbf", "12s", "--duration", "14s",
+                        "--faults", "slow", "--strategy", "arf", "--save-every", "10", "--seed", "1", "-o", str(out)],
+                       tmp_path, timeout=300, check=0)
+    doc = json.loads((out / "report.json").read_text())
+    assert (doc["settings"]["straggler_factor"], doc["settings"]["slowdown"]) == (3.0, 4.0)
+    (row,) = doc["combinations"]
+    (rec,) = row["failures"]
+    log = (out / "arf-every10" / "jobs.log").read_text()
+    assert "--set tft.straggler_factor=3 --set tft.straggler_evict=true --set tft.spares=1" in log
+    assert "dsim: fault: rank 0 computes 4x slower from now on during the" in log
+    assert re.search(r"dsim: straggler watch: rank 0 \(pid \d+\) computes its steps [\d.]+x slower than the other "
+                     r"ranks of its stage .*: killed \(SIGKILL\), as a failed rank", log), log
+    assert "heal: rank(s) 0 died; repaired in the job: rank 0 from rank 4" in log and "taken by a warm spare" in log
+    evicted = next(e for e in metrics(row, row["settled"]) if e["event"] == "straggler" and e["rank"] == 0)
+    assert evicted["evicted"] and evicted["global_step"] > rec["step"] and evicted["time"] > rec["time"]
+    assert (rec["kind"], rec["how"], rec["steps_lost"], rec["predicted_lost"], rec["recovered"]) == \
+        ("slow", "in the job", 0, 0, True)
+    assert rec["resumed_from"] >= evicted["global_step"] - 1 and len(row["jobs"]) == 1 and row["restarts"] == 0
+    assert row["stragglers_evicted"] == row["healthy_evicted"] + 1
+    assert f"  arf-every10: {row['stragglers_evicted']} killed, {row['healthy_evicted']} healthy" in proc.stdout
+    assert row["losses"]["differ"] == 0 and row["final_state"]["equal"] is True
 
 
 def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):

@@ -440,3 +440,44 @@ def test_a_fault_strikes_only_its_rank_at_its_point_and_step_and_once():
     finally:
         injector.end(run)
     assert not faults.strikes("save", 14)
+
+
+class RepairedWorld:
+    """The world of 8 ranks after an in-job repair, its ranks run one after another (rank 0 first): a bcast gives
+    every rank rank 0's value."""
+    size = 8
+
+    def __init__(self):
+        self.sent = None
+
+    def allgather(self, x):
+        return [x] * self.size
+
+    def bcast(self, x, root=0):
+        if self.sent is None:
+            self.sent = (x,)
+        return self.sent[0]
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_every_rank_decides_alike_whether_the_save_of_the_step_a_repair_went_back_to_is_redone(committed, monkeypatch):
+    """A failure during the commit of step 20's checkpoint: ranks 0-2, 5 and 6 had left its last collective, ranks 3 and 7
+    had not, rank 4 is a newcomer (its state from a survivor, as of step 10). Each deciding by its own view, ranks 3, 4
+    and 7 saved again while the others went on to step 21, and the job hung (found by a campaign of slow failures).
+    The commit record, read by rank 0, decides for all."""
+    from types import SimpleNamespace
+    from dsim.checkpoint import ModelCheckpoint, commit as cm
+    monkeypatch.setattr(cm, "committed", lambda directory, cache=None: [{"name": "network-2_10", "global_step": 20}]
+                        if committed else [{"name": "network-1_10", "global_step": 10}])
+    world, saved = RepairedWorld(), []
+    for rank in range(8):
+        saver = ModelCheckpoint("network", "ckpt")
+        saver.prefix, saver.rank = "network", rank
+        saver.committed_step = saver.last_saved_step = 10 if rank in (3, 4, 7) else 20 if committed else 10
+        saver.save = lambda cb: saved.append(cb.rank)
+        cb = SimpleNamespace(rank=rank, cur_step_num=20, cur_epoch_num=2, cur_step_in_epoch=10, batch_num=10,
+                             model=SimpleNamespace(groups=SimpleNamespace(world=world)))
+        saver.recovered(SimpleNamespace(original_args=lambda cb=cb: cb))
+        assert saver.last_saved_step == (20 if committed else 10)
+        assert ("network-2_10" in saver.saved) == committed
+    assert saved == ([] if committed else list(range(8)))

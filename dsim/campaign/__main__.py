@@ -40,6 +40,13 @@ def parse_args(argv=None):
     p.add_argument("--hang-timeout", default="10s",
                    help="with hang or stuck failures: tft.hang_timeout of every job, how long a step may go on "
                         "before a frozen or stuck rank is killed (default 10s)")
+    p.add_argument("--straggler-factor", type=float, default=3.0,
+                   help="with slow failures: tft.straggler_factor of every job, with tft.straggler_evict: a rank that "
+                        "computes its steps this many times slower than the others of its stage, for 5 of its steps, "
+                        "is killed and met as a dead one (default 3; 0: not watched, a slow rank stays slow until a "
+                        "restart)")
+    p.add_argument("--slowdown", type=float, default=4.0,
+                   help="with slow failures: how many times slower the victim computes from then on (default 4)")
     p.add_argument("--sdc-check-every", type=int, default=10,
                    help="with sdc failures: tft.sdc_check_every of every job, steps between two comparisons of the "
                         "replicas (default 10)")
@@ -77,6 +84,10 @@ def settings_from(args) -> tuple:
         raise ValueError("--ranks must be >= 1 and --spares >= 0")
     if "sdc" in kinds and args.sdc_check_every < 1:
         raise ValueError(f"--sdc-check-every must be >= 1 step, got {args.sdc_check_every}")
+    if "slow" in kinds and not args.slowdown > 1:
+        raise ValueError(f"--slowdown must be a number > 1, got {args.slowdown:g}")
+    if "slow" in kinds and args.straggler_factor != 0 and not args.straggler_factor > 1:
+        raise ValueError(f"--straggler-factor must be a number > 1 (or 0: not watched), got {args.straggler_factor:g}")
     if "node" in kinds and (args.ranks_per_node < 1 or args.ranks % args.ranks_per_node):
         raise ValueError(f"--ranks-per-node {args.ranks_per_node} must divide --ranks {args.ranks} "
                          "(the nodes a `node` failure kills are of one size)")
@@ -94,7 +105,9 @@ def settings_from(args) -> tuple:
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
                            args.ranks, args.spares, args.ranks_per_node,
                            hang_timeout if {"hang", "stuck"} & set(kinds) else None,
-                           args.sdc_check_every if "sdc" in kinds else None, node_mtbf), rank_mtbf
+                           args.sdc_check_every if "sdc" in kinds else None, node_mtbf,
+                           (args.straggler_factor or None) if "slow" in kinds else None,
+                           args.slowdown if "slow" in kinds else None), rank_mtbf
 
 
 def analyse(raw: dict, ref, ref_losses: dict) -> dict:
@@ -162,6 +175,7 @@ def main(argv=None) -> int:
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
                         "ranks_per_node": s.ranks_per_node, "hang_timeout_s": s.hang_timeout,
                         "sdc_check_every": s.sdc_check_every, "node_mtbf_s": s.node_mtbf,
+                        "straggler_factor": s.straggler_factor, "slowdown": s.slowdown,
                         "config": str(s.config_file), "overrides": s.overrides},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
     raws, rows, events_of, code = [], [], {}, 0
@@ -224,6 +238,11 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
                           "rank of every replica set left):", *(f"  {x}" for x in survival.node_lines(s.ranks_per_node))]
         steps = {r["final_state"].get("global_step") for r in rows[1:]}
         ref["pruned_checkpoints"] = ref.get("pruned_while_running", 0) + runner.prune_reference(ref, steps)
+    if s.straggler_factor:  # what the straggler watch killed, slow or not
+        lines += ["", f"straggler watch (tft.straggler_factor {s.straggler_factor:g}, a slow failure {s.slowdown:g}x "
+                      "slower): ranks killed as stragglers, and of them healthy (a false alarm, paid as a failure):"]
+        lines += [f"  {r['strategy']}-every{r['save_every']}: {r['stragglers_evicted']} killed, {r['healthy_evicted']} "
+                  "healthy" for r in rows if "stragglers_evicted" in r]  # (not the fault-free run: no watch)
     png = report.timeline(s.out, rows, events_of) if rows else None
     doc["timeline"] = str(png) if png else None
     doc["table"] = lines

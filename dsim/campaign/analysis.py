@@ -7,6 +7,9 @@ failure's names every rank of the node, `ranks`):
   step (in the job; when rank 0 itself is replaced, the repair's own event does not reach metrics.jsonl), or
   a restart (the `train_begin` of the next job); a failure is *seen* when one of them, or a
   `last_gasp_saved` / `last_gasp_lost` naming the rank, follows it;
+- a `slow` failure (a straggler) is a death once the straggler watch kills it (a `straggler` event naming the
+  rank, `evicted`; reported only, it is seen but goes on, slow, until a restart ends its process): from then on
+  it is met as a kill, and its steps lost and promise count from that kill; its recovery from its onset;
 - resumed from: the step the repair or the restart went on from (the event's global step);
 - steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0; beside it
   what the scheme promises: 0 in the job, else back to the newest checkpoint committed before it (a
@@ -70,14 +73,19 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
         gone = {name for i, name in (broken or {}).items() if struck.get(i, math.inf) <= f["time"]}
         restart = min((t for t in restarts if t >= f["time"]), default=math.inf)
         after = [e for e in events if e["time"] >= f["time"] and e["time"] <= until]
+        # a slow rank dies only once the straggler watch kills it: from then on it is met as a dead one
+        evicted = next((e for e in after if f["kind"] == "slow" and e["event"] == "straggler" and e.get("evicted")
+                        and e.get("rank") == f["rank"] and e["time"] < restart), None)
         meet, noticed = None, False
         for e in after:
             if (e["event"] in IN_JOB and e["time"] < restart
                     and f["rank"] in (e.get("failed") or []) + (e.get("damaged") or [])):
                 meet = ("in the job", e["global_step"], e)
                 break
-            if e["event"] == "recovered" and e["time"] < restart and f["kind"] != "sdc":  # the repair's own event
-                # may be missing; a flipped bit is met by its rollback or a restart, never by another's repair
+            if (e["event"] == "recovered" and e["time"] < restart and f["kind"] != "sdc"  # the repair's own event
+                    and (f["kind"] != "slow" or evicted is not None and e["time"] > evicted["time"])):
+                # may be missing; a flipped bit is met by its rollback or a restart, never by another's repair, and
+                # a slow rank by nothing before the watch kills it
                 meet = ("in the job", e["global_step"] - 1, e)  # (see below): the step after it finished
                 break
             if e["event"] == "train_begin" and e["time"] >= restart:
@@ -85,7 +93,13 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                 break
             if e["event"] in ("last_gasp_saved", "last_gasp_lost") and f["rank"] in e.get("failed", []):
                 noticed = True  # the survivors saw it; the restart that follows says where training went on
+            if e["event"] == "straggler" and e.get("rank") == f["rank"] and f["kind"] == "slow":
+                noticed = True  # reported (and, with tft.straggler_evict, killed: met as a dead rank after)
         before = f["global_step"] - 1  # the fault strikes inside step N: N - 1 steps were finished
+        if f["kind"] == "slow":  # nothing is lost before it is killed, only time (the straggler's last heartbeat
+            # names the step it was in); not killed, the restart that ends it is another failure's, whose steps those are
+            before = evicted["global_step"] - 1 if evicted else meet[1] if meet else before
+        lost_at = evicted["time"] if evicted else f["time"]  # when it became a death the scheme must survive
         if f["kind"] == "sdc":  # silent: training goes on on the damage until a check finds it, all of it lost
             # (unless the job restarts first, from a checkpoint compared before it was saved: the damage is gone)
             found = next((e for e in after if e["event"] == "sdc" and e["time"] < restart), None)
@@ -100,12 +114,13 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
             # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
             # checkpoint committed before it (an async save still in flight is not), or a last gasp saved since
             saved = [e["global_step"] for e in events if e.get("checkpoint") not in gone and (
-                     e["event"] == "checkpoint_committed" and e["time"] < f["time"] and e["global_step"] <= before
+                     e["event"] == "checkpoint_committed" and e["time"] < lost_at and e["global_step"] <= before
                      or e["event"] == "last_gasp_saved" and e["time"] < meet[2]["time"]
-                     and e["global_step"] <= f["global_step"])]
+                     and e["global_step"] <= (before + 1 if f["kind"] == "slow" else f["global_step"]))]
             newest = max([0, *saved])
             rolled = meet[2]["event"] == "sdc_rollback"  # in the job, but back to a checkpoint
-            rec["predicted_lost"] = 0 if meet[0] == "in the job" and not rolled else max(0, before - newest)
+            rec["predicted_lost"] = (0 if meet[0] == "in the job" and not rolled or f["kind"] == "slow" and not evicted
+                                     else max(0, before - newest))
             # the next step finished: its step event or a later step's, or a last gasp of it or later (rank 0,
             # which logs steps, may die inside the update of a step its replicas finished: the gasp saves that
             # step, or an elastic shrink goes on after it and the new rank 0 logs the steps that follow)
@@ -214,6 +229,23 @@ def losses_equal(events: list, end: float, reference: dict) -> dict:
             "discarded": len(discarded)}
 
 
+def evictions(recs: list, events: list, end: float) -> tuple[int, int]:
+    """(ranks the straggler watch killed within the budget, how many of them no `slow` failure had struck): a
+    healthy rank past tft.straggler_factor on a busy machine is a false alarm, and its kill a failure the scheme
+    pays for like any other."""
+    slow = sorted((r["time"], r["rank"]) for r in recs if r["kind"] == "slow")
+    kills = [e for e in events if e["event"] == "straggler" and e.get("evicted") and e["time"] <= end]
+    used, healthy = set(), 0
+    for e in kills:
+        i = next((i for i, (t, rank) in enumerate(slow) if i not in used and rank == e.get("rank") and t <= e["time"]),
+                 None)
+        if i is None:
+            healthy += 1
+        else:
+            used.add(i)
+    return len(kills), healthy
+
+
 def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate) -> dict:
     """The combination's row: goodput, failures, losses, recovery times, checkpoint overhead."""
     cost = checkpoint_cost(events, end, save_every)
@@ -223,6 +255,7 @@ def summarize(recs: list, events: list, start: float, end: float, save_every: in
     lost = [r["steps_lost"] for r in seen if r["steps_lost"] is not None]
     rec_s = [r["recovery_s"] for r in recs if r["recovered"]]
     saves = sum(1 for e in events if e["event"] == "step" and e["time"] <= end and e["global_step"] % save_every == 0)
+    evicted, healthy = evictions(recs, events, end)
     return {
         "steps": steps, "seconds": round(seconds, 3),
         "goodput": round(steps / seconds, 3),
@@ -236,4 +269,5 @@ def summarize(recs: list, events: list, start: float, end: float, save_every: in
         "checkpoint_overhead": (round(saves * cost["save_s"] / seconds, 4)
                                 if cost["save_s"] is not None else None),
         "restarts": sum(r["how"] == "restart" for r in recs),
+        "stragglers_evicted": evicted, "healthy_evicted": healthy,
     }

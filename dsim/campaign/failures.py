@@ -32,7 +32,8 @@ class Failure:
     rank: int      # the victim (a training rank)
     kind: str      # kill | uce | corrupt (a kill, and the victim's newest shard on disk damaged) | node (every
                    # rank of the victim's node killed at once) | hang (the victim stops: SIGSTOP) | stuck (the
-                   # victim's training stops, its process runs) | sdc (a bit flips)
+                   # victim's training stops, its process runs) | sdc (a bit flips) | slow (the victim computes
+                   # slower from then on: a straggler)
     at: str        # the point of the step it strikes: forward | allreduce | update
 
 
@@ -48,12 +49,14 @@ def draw(seed: int, mtbf: float, duration: float, kinds, ranks: int) -> list[Fai
                            PLAN_POINTS[rng.integers(len(PLAN_POINTS))]))
 
 
-def write_plan(path, failures: list, start: float, node_size: int = 1) -> Path:
+def write_plan(path, failures: list, start: float, node_size: int = 1, slowdown: float = None) -> Path:
     """The fault plan of one combination started at `start` (Unix seconds), for $DSIM_FAULT_PLAN; a `node`
-    failure kills the victim's node of `node_size` ranks."""
+    failure kills the victim's node of `node_size` ranks, a `slow` one makes its victim compute `slowdown`
+    times slower (dsim.faults' default when None)."""
     path = Path(path)
     faults = [{"time": start + f.offset, "rank": f.rank, "kind": f.kind, "at": f.at,
-               **({"node_size": node_size} if f.kind == "node" else {})} for f in failures]
+               **({"node_size": node_size} if f.kind == "node" else {}),
+               **({"slowdown": slowdown} if f.kind == "slow" and slowdown else {})} for f in failures]
     path.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": faults}, indent=1))
     Path(f"{path}.fired").mkdir(exist_ok=True)
     return path

@@ -61,6 +61,8 @@ class Settings:
     hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang` or `stuck` failures)
     sdc_check_every: Optional[int] = None  # tft.sdc_check_every of every job (with `sdc` failures)
     node_mtbf: Optional[float] = None  # per-node MTBF of the what-if at scale (None: rank failures only)
+    straggler_factor: Optional[float] = None  # tft.straggler_factor (and evict) of every job (with `slow` failures)
+    slowdown: Optional[float] = None  # how many times slower a `slow` failure makes its victim
     tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
     @property
@@ -181,12 +183,16 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
         extra.append(f"tft.hang_timeout={s.hang_timeout:g}")
     if s.sdc_check_every:  # a flipped bit is found by comparing replicas, and rolled back in the job
         extra.append(f"tft.sdc_check_every={s.sdc_check_every}")
+    if s.straggler_factor:  # a slow rank is found by its step times and killed, then met as a dead one
+        extra += [f"tft.straggler_factor={s.straggler_factor:g}", "tft.straggler_evict=true"]
     if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
-        dead = sum(s.ranks_per_node if f.kind == "node" else f.kind in ("kill", "corrupt", "hang", "stuck") for f in plan)
+        dead = sum(s.ranks_per_node if f.kind == "node" else
+                   f.kind in ("kill", "corrupt", "hang", "stuck") or f.kind == "slow" and bool(s.straggler_factor)
+                   for f in plan)
         extra.append(f"tft.spares={min(s.max_spares, dead)}")
     start = time.time()
     end = start + s.duration
-    path = failure_process.write_plan(d / "plan.json", plan, start, s.ranks_per_node)
+    path = failure_process.write_plan(d / "plan.json", plan, start, s.ranks_per_node, s.slowdown)
     say(f"campaign: {name}: {strategy.summary}; {len(plan)} failure(s) planned in {s.duration:.0f} s")
     jobs, damaged, job, closed, checked = [], {}, None, None, 0.0
     try:
@@ -200,7 +206,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
                     break
                 if job is None or now >= checked + 1:  # (no restart once nothing is left to recover)
                     checked = now
-                    if not _unrecovered(d, closed, now, jobs, damaged):
+                    if not _unrecovered(d, closed, now, jobs, damaged, bool(s.straggler_factor)):
                         break
             if job is None:
                 resume = newest_committed(d / "run" / "checkpoints") is not None
@@ -239,10 +245,11 @@ def _failures(events: list, end: float, until: float, jobs: list, damaged: dict)
     return analysis.failures(events, end, [j["started"] for j in jobs[1:]], broken, until)
 
 
-def _unrecovered(d: Path, end: float, now: float, jobs: list, damaged: dict) -> int:
-    """How many failures struck within the budget are not recovered yet."""
+def _unrecovered(d: Path, end: float, now: float, jobs: list, damaged: dict, stragglers_watched: bool) -> int:
+    """How many failures struck within the budget are not recovered yet (a slow rank nothing watches never is)."""
     events = analysis.read_events(d / "run" / "metrics.jsonl")
-    return sum(not r["recovered"] for r in _failures(events, end, now, jobs, damaged))
+    return sum(not r["recovered"] and (r["kind"] != "slow" or stragglers_watched)
+               for r in _failures(events, end, now, jobs, damaged))
 
 
 def struck_tensor(path, rng) -> str:

@@ -263,8 +263,29 @@ class ModelCheckpoint(Callback):
         steps, epochs = self.config.save_checkpoint_steps, self.config.save_checkpoint_epochs
         due = (steps and cb.cur_step_num % steps == 0) or (
             epochs and cb.cur_step_num % cb.batch_num == 0 and cb.cur_epoch_num % epochs == 0)
-        if cb.cur_step_num and due and self.last_saved_step != cb.cur_step_num:
+        if cb.cur_step_num and due and not self._committed_before(cb):
             self.save(cb)
+
+    def _committed_before(self, cb) -> bool:
+        """Whether the checkpoint of the step a repair went back to was committed before the failure, alike on
+        every rank of the repaired world (collective): the commit record decides, read by rank 0. What each rank
+        saw of it may differ: the failure may stop some ranks inside the commit's last collective that others
+        had left (a collective may complete on some ranks and fail on others), and a newcomer saw nothing; each
+        redoing the save or not by its own view, some went on to the next step while the others waited in the save."""
+        name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)
+        done = None
+        if cb.rank == 0:
+            done = any(r["name"] == name and r["global_step"] == cb.cur_step_num
+                       for r in cm.committed(self.directory, self.records))
+        with progress.waiting():
+            done = cb.model.groups.world.bcast(done, root=0)
+        if done:
+            self.committed_step = self.last_saved_step = cb.cur_step_num
+            if name not in self.saved:
+                self.saved.append(name)
+        else:  # (set to this step only by its commit, or by an async save in flight: abandoned above)
+            self.last_saved_step = self.committed_step
+        return done
 
     def step_end(self, run_context):
         cb = run_context.original_args()
