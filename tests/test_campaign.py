@@ -645,6 +645,7 @@ def test_the_what_if_takes_the_recoveries_of_rank_failures_not_of_rollbacks():
     rows = [{"strategy": "fault-free"},
             {"strategy": "periodic", "save_s": 0.5, "failures": [
                 {"kind": "sdc", "recovered": True, "recovery_s": 0.2},  # rolled back in the job, whatever the scheme
+                {"kind": "slow", "recovered": True, "recovery_s": 9.0},  # its slow steps before the kill counted
                 {"kind": "kill", "recovered": True, "recovery_s": 5.0}]}]
     got = what_if(rows, {"save_s": 0.5}, 365 * 86400, [])
     assert got["costs"]["periodic"] == {"save_s": 0.5, "down_s": 5.0}

@@ -140,8 +140,10 @@ def what_if(rows: list, ref: dict, rank_mtbf: float, events: list, node_mtbf: fl
     costs = {}
     for name in dict.fromkeys(r["strategy"] for r in rows[1:]):
         mine = [r for r in rows[1:] if r["strategy"] == name]
-        # a rank's failure and its scheme's recovery (an sdc is rolled back alike by every scheme: not one)
-        downs = [f["recovery_s"] for r in mine for f in r["failures"] if f["recovered"] and f["kind"] != "sdc"]
+        # a rank's failure and its scheme's recovery (an sdc is rolled back alike by every scheme, and a slow rank's
+        # recovery counts the steps it trained slow before it was killed: neither is a failure's downtime)
+        downs = [f["recovery_s"] for r in mine for f in r["failures"]
+                 if f["recovered"] and f["kind"] not in ("sdc", "slow")]
         saves = [r["save_s"] for r in mine if r.get("save_s") is not None] or [ref.get("save_s")]
         costs[name] = {"save_s": sorted(saves)[len(saves) // 2], "down_s": analysis.percentile(downs, 50)}
     stages = layout.get("pipeline_stage", 1)
