@@ -38,7 +38,8 @@ that hung, found by tft.hang_timeout's watch when a repair waits for it, or at t
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
 writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc | slow, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
-at or after `time` (Unix seconds; 0 if left out), and, with `step: N`, in global step N or later (a plan
+at or after `time` (Unix seconds; 0 if left out), or, for kill, corrupt, hang and stuck, at a point of a repair in
+the job its survivor reaches first (refill or exchange: see repair_at), and, with `step: N`, in global step N or later (a plan
 written by hand: {"faults": [{"rank": 1, "kind": "sdc", "at": "forward", "step": 9}, ...]}); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
 (with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
 ranks 0..n-1 the first node) dies at that moment, the victim SIGKILLing the others, then itself; `slow` (with
@@ -242,12 +243,15 @@ def during_last_gasp(rank: int, global_step: int) -> None:
 def during_repair(rank: int, global_step: int, point: str) -> None:
     """Called at `point` of a survivor's repair in the job (training to go on after `global_step`): "refill", the
     survivors agreed on the step and the dead rank's place is not filled yet; "exchange", the new world is
-    formed and the slices have not moved. The configured second failure strikes at fault.repair_at."""
+    formed and the slices have not moved. The configured second failure strikes at fault.repair_at; a fault
+    plan's failure due by now, of a kind that stops a process, strikes at either (the step to be redone is
+    global_step + 1: inside it, as a failure at a step's point)."""
     f = _armed
+    if f is not None and f.kind == "plan":
+        f.plan.strike(point, global_step + 1, f, repair=True)
     if f is None or f.repair_at != point:
         return
-    where = ("before the dead rank's place is filled" if point == "refill" else
-             "before the state is exchanged")
+    where = REPAIR_POINTS[point]
     if f.repair_kill == rank:
         _second_failure("kill", rank, f"during a repair in the job, {where}", f"repair_{point}", global_step,
                         f"dsim: fault: killing rank {rank} (SIGKILL) during the repair in the job, {where} (training "
@@ -306,6 +310,8 @@ def at_point(point: str, global_step: int) -> None:
 PLAN_ENV = "DSIM_FAULT_PLAN"
 PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc", "slow")
 PLAN_POINTS = ("forward", "allreduce", "update")
+REPAIR_KINDS = ("kill", "corrupt", "hang", "stuck")  # a plan's failures that strike during a repair in the job
+REPAIR_POINTS = {"refill": "before the dead rank's place is filled", "exchange": "before the state is exchanged"}
 STUCK_POINTS = (*PLAN_POINTS, "save", "step_end", "epoch_end")  # inside work the hang watch judges (progress)
 
 
@@ -328,20 +334,24 @@ class FaultPlan:
         register(path, rank, world_size)
         return cls(path, rank, sorted(mine, key=lambda x: x[1].get("time", 0)), world_size)
 
-    def strike(self, point: str, global_step: int, injector: "FaultInjector") -> None:
-        """Fire the first due entry set for this point, unless another process already did."""
+    def strike(self, point: str, global_step: int, injector: "FaultInjector", repair: bool = False) -> None:
+        """Fire the first due entry set for this point, unless another process already did. In a repair in the job
+        (`repair`: point is refill or exchange, global_step the step to be redone), the first due entry of a kind
+        that stops a process (REPAIR_KINDS), whatever its point: a failure whose time came during the repair."""
         now = time.time()
         for n, (i, f) in enumerate(self.entries):
             if f.get("time", 0) > now:
                 return
-            if f["at"] != point or f.get("step", 0) > global_step:
+            if (f["kind"] not in REPAIR_KINDS if repair else f["at"] != point) or f.get("step", 0) > global_step:
                 continue
             del self.entries[n]
             # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)
             if not claim_entry(self.path, i, {"index": i, "time": now, "global_step": global_step, **f,
                                               "rank": self.rank, "planned_rank": f["rank"]}):
                 return
-            where = f"during the {point} of step {global_step} (fault plan entry {i})"
+            where = (f"during a repair in the job, {REPAIR_POINTS[point]} (training to go on after step "
+                     f"{global_step - 1}; fault plan entry {i})" if repair else
+                     f"during the {point} of step {global_step} (fault plan entry {i})")
             node = (node_of(self.rank, f["node_size"], self.world_size or self.rank + 1)
                     if f["kind"] == "node" else None)
             event("fault", any_rank=True, kind=f["kind"], rank=self.rank, where=where, at=point,

@@ -148,6 +148,18 @@ def test_a_due_entry_waits_for_its_point_and_time(tmp_path):
     assert not fired_marker(path, 0).exists() and len(plan.entries) == 1
 
 
+def test_in_a_repair_only_a_due_failure_that_stops_a_process_strikes(tmp_path):
+    # (a kill, corrupt, hang or stuck one: tests/test_e2e_inprocess.py kills a rank so, in a real repair)
+    path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(0, 0, "uce", "forward"),
+                                                        failures.Failure(0, 0, "sdc", "update"),
+                                                        failures.Failure(0, 0, "slow", "forward"),
+                                                        failures.Failure(1e11, 0, "kill", "update")], start=0.0)
+    plan = FaultPlan.load(path, 0)
+    plan.strike("refill", 13, None, repair=True)
+    plan.strike("exchange", 13, None, repair=True)
+    assert not any(fired_marker(path, i).exists() for i in range(4)) and len(plan.entries) == 4
+
+
 def test_a_plan_entry_with_a_step_waits_for_that_step(tmp_path):
     from types import SimpleNamespace
     path = tmp_path / "plan.json"  # written by hand: no time, a step
