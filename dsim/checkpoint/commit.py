@@ -163,7 +163,8 @@ def state_mismatch(meta: dict, record: dict) -> str | None:
     return None
 
 
-HEADER = ("name", "prefix", "epoch", "step_in_epoch", "global_step", "sequence")  # committed(cache=...) keeps these
+HEADER = ("name", "prefix", "epoch", "step_in_epoch", "global_step", "sequence", "world_size")  # committed(cache=...)
+                                                                                               # keeps these
 
 
 def committed(directory, cache: dict = None) -> list[dict]:

@@ -526,15 +526,18 @@ class ModelCheckpoint(Callback):
         return append_info(self.config.append_info, cb.cur_epoch_num, cb.cur_step_num)
 
     def _retain(self, comm, rank):
-        """Drop the oldest committed checkpoints of this prefix beyond keep_checkpoint_max."""
+        """Drop the oldest committed checkpoints of this prefix beyond keep_checkpoint_max. Each rank removes its
+        own file; rank 0 also those of ranks this world no longer has (saved before an elastic shrink: no process
+        trains as them now, and nobody else would)."""
         drop = []
         if rank == 0:
-            drop = [r["name"] for r in cm.to_drop(cm.committed(self.directory, self.records), self.prefix,
-                                                  self.config.keep_checkpoint_max)]
-            for name in drop:
+            drop = [(r["name"], r.get("world_size") or comm.size) for r in cm.to_drop(
+                cm.committed(self.directory, self.records), self.prefix, self.config.keep_checkpoint_max)]
+            for name, _ in drop:
                 cm.uncommit(self.directory, name)  # the commit record first
                 cm.integrated_path(self.directory, name).unlink(missing_ok=True)
         with progress.waiting():
             drop = comm.bcast(drop, root=0)
-        for name in drop:
-            cm.shard_path(self.directory, rank, name).unlink(missing_ok=True)
+        for name, world in drop:
+            for r in [rank, *(range(comm.size, world) if rank == 0 else ())]:
+                cm.shard_path(self.directory, r, name).unlink(missing_ok=True)
