@@ -475,6 +475,20 @@ def test_slow_failures_arm_every_jobs_straggler_watch(tmp_path, extra, factor, s
     assert (settings.straggler_factor, settings.slowdown) == (None, None)
 
 
+def test_a_flipped_bit_no_check_can_find_is_not_waited_for():
+    # an elastic shrink to dp=1 at t=5: no replica left to compare; a flip at t=8 is never found (the campaign does
+    # not wait past its budget for it); one at t=3, in the dp2 world, is findable
+    events = [ev("train_begin", 0.0, global_step=0, layout={"data_parallel": 2, "model_parallel": 4})]
+    events += steps(1, 4, 1.0) + [ev("fault", 3.5, plan_index=0, rank=1, kind="sdc", at="forward", global_step=4),
+                                  ev("elastic", 5.0, global_step=4, layout={"data_parallel": 1, "model_parallel": 4}),
+                                  ev("fault", 8.0, plan_index=1, rank=2, kind="sdc", at="update", global_step=7),
+                                  ev("fault", 8.5, plan_index=2, rank=0, kind="kill", at="update", global_step=7)]
+    events.sort(key=lambda e: e["time"])
+    early, late, kill = analysis.failures(events, end=100)
+    assert (early["findable"], late["findable"], kill["findable"]) == (True, False, True)
+    assert analysis.layout_at(events, 4.9)["data_parallel"] == 2 and analysis.layout_at(events, -1) is None
+
+
 def test_checkpoint_cost_and_losses():
     # ordinary steps of 1 s, a save every 5 steps adds 0.5 s
     t, events = 0.0, []

@@ -108,7 +108,10 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                "kind": f["kind"], "at": f.get("at"),
                "step": f["global_step"], "seen": meet is not None or noticed, "how": meet[0] if meet else None,
                "resumed_from": meet[1] if meet else None, "steps_lost": None, "predicted_lost": None,
-               "recovery_s": None, "recovered": False}
+               "recovery_s": None, "recovered": False,
+               # a flipped bit is found by comparing replicas: in a layout without data parallelism (an elastic
+               # shrink down to dp=1) no check can find it, and no repair follows
+               "findable": f["kind"] != "sdc" or (layout_at(events, f["time"]) or {}).get("data_parallel") != 1}
         if meet is not None:
             rec["steps_lost"] = max(0, before - meet[1])
             # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
@@ -131,6 +134,17 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
                 rec["recovered"], rec["recovery_s"] = True, round(done - f["time"], 3)
         out.append(rec)
     return out
+
+
+def layout_at(events: list, t: float):
+    """The layout training ran in at time t: the last `train_begin`'s or elastic shrink's before it (None: none)."""
+    last = None
+    for e in events:
+        if e["time"] > t:
+            break
+        if e["event"] in ("train_begin", "elastic") and e.get("layout"):
+            last = e["layout"]
+    return last
 
 
 def _runs_of_steps(events: list, end: float) -> list[tuple]:

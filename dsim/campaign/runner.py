@@ -246,9 +246,10 @@ def _failures(events: list, end: float, until: float, jobs: list, damaged: dict)
 
 
 def _unrecovered(d: Path, end: float, now: float, jobs: list, damaged: dict, stragglers_watched: bool) -> int:
-    """How many failures struck within the budget are not recovered yet (a slow rank nothing watches never is)."""
+    """How many failures struck within the budget are not recovered yet (a slow rank nothing watches never is, nor
+    a flipped bit no check can find)."""
     events = analysis.read_events(d / "run" / "metrics.jsonl")
-    return sum(not r["recovered"] and (r["kind"] != "slow" or stragglers_watched)
+    return sum(not r["recovered"] and (r["kind"] != "slow" or stragglers_watched) and r["findable"]
                for r in _failures(events, end, now, jobs, damaged))
 
 
