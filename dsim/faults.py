@@ -179,8 +179,7 @@ class FaultInjector(Callback):
         if self.kind == "stuck":
             stall(f"dsim: fault: rank {self.my_rank} is stuck (its training stops, its process runs) {where}")
         if self.kind == "slow":
-            say(f"dsim: fault: rank {self.my_rank} computes {self.slowdown:g}x slower from now on {where}")
-            progress.slowdown = self.slowdown  # (dsim.parallel.progress.pace)
+            slow_down(self.my_rank, self.slowdown, where)
             return
         if self.kind == "sdc":
             say(f"dsim: fault: rank {self.my_rank}: a bit of {flip_bit(self.optimizer, self.my_rank)} flips, "
@@ -199,6 +198,13 @@ def kill(message: str) -> None:
     """Say why and SIGKILL this process (no clean-up, as a real crash)."""
     say(message)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_down(rank: int, slowdown: float, where: str) -> None:
+    """This process computes `slowdown` times slower for the rest of its life (dsim.parallel.progress.pace): a
+    straggler, found by tft.straggler_factor's watch."""
+    say(f"dsim: fault: rank {rank} computes {slowdown:g}x slower from now on {where}")
+    progress.slowdown = slowdown
 
 
 def flip_bit(optimizer, seed: int) -> str:
@@ -310,7 +316,8 @@ def at_point(point: str, global_step: int) -> None:
 PLAN_ENV = "DSIM_FAULT_PLAN"
 PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc", "slow")
 PLAN_POINTS = ("forward", "allreduce", "update")
-REPAIR_KINDS = ("kill", "corrupt", "hang", "stuck")  # a plan's failures that strike during a repair in the job
+DEATH_KINDS = ("kill", "corrupt", "hang", "stuck")  # a plan's failures that stop a process (the hang watch kills a
+                                                   # frozen or stuck one): they also strike during a repair in the job
 REPAIR_POINTS = {"refill": "before the dead rank's place is filled", "exchange": "before the state is exchanged"}
 STUCK_POINTS = (*PLAN_POINTS, "save", "step_end", "epoch_end")  # inside work the hang watch judges (progress)
 
@@ -337,12 +344,12 @@ class FaultPlan:
     def strike(self, point: str, global_step: int, injector: "FaultInjector", repair: bool = False) -> None:
         """Fire the first due entry set for this point, unless another process already did. In a repair in the job
         (`repair`: point is refill or exchange, global_step the step to be redone), the first due entry of a kind
-        that stops a process (REPAIR_KINDS), whatever its point: a failure whose time came during the repair."""
+        that stops a process (DEATH_KINDS), whatever its point: a failure whose time came during the repair."""
         now = time.time()
         for n, (i, f) in enumerate(self.entries):
             if f.get("time", 0) > now:
                 return
-            if (f["kind"] not in REPAIR_KINDS if repair else f["at"] != point) or f.get("step", 0) > global_step:
+            if (f["kind"] not in DEATH_KINDS if repair else f["at"] != point) or f.get("step", 0) > global_step:
                 continue
             del self.entries[n]
             # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)
@@ -370,9 +377,8 @@ class FaultPlan:
             if f["kind"] == "sdc":
                 say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
                 return
-            if f["kind"] == "slow":  # a straggler (tft.straggler_factor finds it), until its process ends
-                progress.slowdown = float(f.get("slowdown", 4.0))
-                say(f"dsim: fault: rank {self.rank} computes {progress.slowdown:g}x slower from now on {where}")
+            if f["kind"] == "slow":
+                slow_down(self.rank, float(f.get("slowdown", 4.0)), where)
                 return
             if node:
                 say(f"dsim: fault: node failure: ranks {node[0]}-{node[-1]} die together {where}")

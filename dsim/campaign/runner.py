@@ -28,7 +28,7 @@ from ..checkpoint.catalog import find_checkpoint_dirs, read_index, scan
 from ..checkpoint.errors import CheckpointError
 from ..checkpoint.format import read_file
 from ..checkpoint.loader import param_dict_of
-from ..faults import PLAN_ENV
+from ..faults import DEATH_KINDS, PLAN_ENV
 from ..parallel.layout import Slice
 from . import analysis, failures as failure_process
 from .jobs import ROOT, Job
@@ -187,7 +187,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
         extra += [f"tft.straggler_factor={s.straggler_factor:g}", "tft.straggler_evict=true"]
     if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
         dead = sum(s.ranks_per_node if f.kind == "node" else
-                   f.kind in ("kill", "corrupt", "hang", "stuck") or f.kind == "slow" and bool(s.straggler_factor)
+                   f.kind in DEATH_KINDS or f.kind == "slow" and bool(s.straggler_factor)
                    for f in plan)
         extra.append(f"tft.spares={min(s.max_spares, dead)}")
     start = time.time()
