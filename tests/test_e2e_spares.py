@@ -45,6 +45,26 @@ def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
     assert (heal["failed"], heal["by_spare"], heal["spawned"], heal["spares_left"]) == ([3], [3], [], 0)
 
 
+def test_a_kill_in_the_last_step_is_healed_however_far_each_rank_had_got(ft_reference, tmp_path):
+    """Rank 3 dies in the update of step 20, the last: its optimizer-shard peer notices inside that update, the
+    others past the loop, in the final save or after it. All join one repair (Model._wind_up): the spare takes
+    rank 3's place, the final checkpoint is saved, the job ends (exit 0) bit-identical to an uninterrupted run.
+    Before, the ranks past the loop began the last gasp while the one inside began the repair: a hang."""
+    ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
+    args = [str(ROOT / "configs" / "default.yaml"), "run/checkpoints", *OPTS, "--set", "parallel.data_parallel=null",
+            *LAYOUTS["dp4xmp2k2"], *SPARE, *fault("kill", 3, "update", 20)]
+    proc = launch("run_parallel_save_ckpt.sh", args, cwd=tmp_path, timeout=150, check=0)
+    out = proc.stdout
+    line = next(x for x in out.splitlines() if x.startswith("dsim: heal: rank(s) 3 died; repaired in the job: "))
+    assert "rank 3 from rank 7 (group info [3, 7])" in line and (
+        "; world size back to 8 (rank(s) 3 taken by a warm spare, 0 left); training goes on after step 20") in line, line
+    assert "last-gasp" not in proc.stderr and "no repair" not in proc.stderr, proc.stderr
+    assert LOSS.findall(out) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+    heal, = events(tmp_path, "heal")
+    assert (heal["failed"], heal["by_spare"], heal["global_step"]) == ([3], [3], 20)
+
+
 def test_a_job_without_room_for_its_spares_is_one_line(tmp_path):
     proc = mpirun(8, ["-m", "dsim.train", *OPTS, *SPARE], cwd=tmp_path, timeout=60, ft=True)
     assert refused(proc), proc.stderr

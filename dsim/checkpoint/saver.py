@@ -300,11 +300,15 @@ class ModelCheckpoint(Callback):
         if n and cb.cur_epoch_num % n == 0:
             self.save(cb)
 
-    def end(self, run_context):
+    def finishing(self, run_context):
+        """At the end of training, where a failure is still repaired in the job (Model._wind_up)."""
         cb = run_context.original_args()
         if cb.cur_step_num and self.last_saved_step != cb.cur_step_num:
             self.save(cb)  # like MindSpore, the last step is always saved
         self.finish(cb)  # an async save still in flight is waited for and committed
+
+    def end(self, run_context):
+        self.finishing(run_context)  # (done already when Model.train ran it: nothing left to save or commit)
         global _active
         _active = None
 

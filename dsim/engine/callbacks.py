@@ -53,6 +53,7 @@ class Callback:
     def step_begin(self, run_context): pass
     def step_end(self, run_context): pass
     def epoch_end(self, run_context): pass
+    def finishing(self, run_context): pass  # the collective work at the end (a failure in it is repaired in the job)
     def end(self, run_context): pass
 
 

@@ -208,6 +208,7 @@ class Model:
         while True:
             try:
                 self._loop(epoch, train_dataset, callbacks, ctx)
+                self._wind_up(callbacks, ctx)
                 break
             except Exception as e:
                 ending, self._ending = self._ending, None
@@ -251,6 +252,17 @@ class Model:
             self._ending = None
             if ctx.stop_requested:
                 break
+
+    def _wind_up(self, callbacks, ctx) -> None:
+        """The end of training that the in-job repair still covers: the callbacks' collective work at the end
+        (`finishing`: ModelCheckpoint saves the last step and commits a save in flight), then, with the repair on,
+        every living rank agrees that training ended before any goes past (InProcessRecovery.leave). A rank that
+        dies in the last step is noticed by some ranks inside the loop and not by those past it: without that
+        agreement, these began the last gasp while the others began a repair, and each waited for the other."""
+        _call([c for c in callbacks if hasattr(c, "finishing")], "finishing", ctx)
+        if self.recovery is not None and self.recovery.watches:
+            with progress.watched("callback"):
+                self.recovery.leave()
 
     def _finish(self, ending: "_Ending", callbacks, ctx) -> None:
         """The end hooks of the step a failure interrupted, kept by the repair: those of the local callbacks

@@ -58,6 +58,16 @@ class RepairInterrupted(CannotRepair):
         self.what, self.failed = what, failed
 
 
+class FailedAtTheEnd(Exception):
+    """A rank that had finished training learnt, in the shrink that ends it (InProcessRecovery.leave), that
+    another failed: it joins the repair the ranks that noticed inside the loop began, from the same shrunk world
+    and survey (every living rank holds the same)."""
+
+    def __init__(self, comm, failed: list, seen):
+        super().__init__(describe(failed, seen.damaged) + ", at the end of training")
+        self.comm, self.failed, self.seen = comm, failed, seen
+
+
 class InProcessRecovery:
     """Model.recovery: repairs UCEs (tft.uce) and dead ranks (tft.arf) inside the training loop."""
 
@@ -77,7 +87,21 @@ class InProcessRecovery:
 
     def handles(self, exc) -> bool:
         """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM."""
-        return isinstance(exc, (UCEError, MPI.Exception)) and ulfm.unavailable_reason() is None
+        return isinstance(exc, (UCEError, MPI.Exception, FailedAtTheEnd)) and ulfm.unavailable_reason() is None
+
+    def leave(self) -> None:
+        """Training ended on this rank (the loop and the `finishing` hooks): every living rank agrees before any
+        goes past. A rank that dies in the last step or the final save is noticed by some ranks inside and not
+        by those past it (a collective may complete on some ranks and fail on others); those inside begin a
+        repair, whose first collective, the shrink of the world, is this one's: the same survey then tells the
+        ranks here to join it (FailedAtTheEnd). Nothing failed: a shrink and an all-gather, once a train()."""
+        t, world = time.time(), self.run.groups.world
+        with progress.waiting():
+            comm, failed = ulfm.shrink(world)
+        seen = survey(comm, world.rank, self.run.optimizer.states(), t)
+        if failed or seen.damaged:
+            raise FailedAtTheEnd(comm, failed, seen)
+        comm.Free()
 
     def step_finished(self, global_step: int) -> None:
         """Log the time from a repaired fault to the next finished step (once)."""
@@ -102,8 +126,11 @@ class InProcessRecovery:
         run, cfg = self.run, self.run.cfg.tft
         old = run.groups
         ulfm.revoke_groups(old)
-        comm, failed = ulfm.shrink(old.world)
-        seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a rank whose memory failed offers nothing
+        if isinstance(exc, FailedAtTheEnd):  # past the loop: the world shrunk and surveyed already, with the others
+            comm, failed, seen = exc.comm, exc.failed, exc.seen
+        else:
+            comm, failed = ulfm.shrink(old.world)
+            seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a memory-failed rank offers nothing
         damaged, t_fault = seen.damaged, seen.first_noticed
         if not failed and not damaged:
             raise exc  # an MPI error with every rank alive and whole: not a fault to repair
