@@ -264,23 +264,27 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
 
     The others roll back to `step` (it is one of their states) and send. A rank whose memory failed outside
     an update keeps the buffers the error did not hit (OptTFTWrapper.intact) and receives only the others:
-    each receiver first tells its writer which arrays it needs. Arrays go in the order of
-    OptTFTWrapper.owned_arrays, which replicas share, one message each (no pickling).
+    each receiver first tells its writer which arrays it needs (a mask). Arrays go in the order of
+    OptTFTWrapper.owned_arrays, which replicas share, one message each. Nothing is pickled: a pickled receive is
+    a matched probe (MPI_Mprobe) in mpi4py, whose failure handling in Open MPI's ob1 lags a plain receive's.
     """
     comm, me = groups.world, groups.world.rank
     requests = []
     if writers.get(me, me) == me:
         optimizer.restore(step)
         owned = [arr for _, arr in optimizer.owned_arrays()]
+        wanted = np.empty(len(owned), dtype=np.uint8)
         for r, w in sorted(writers.items()):
             if w == me and r != me:
-                for i in comm.recv(source=r, tag=TAG - 1):
-                    requests.append(comm.Isend(np.ascontiguousarray(owned[i]), dest=r, tag=TAG + i))
+                comm.Recv(wanted, source=r, tag=TAG - 1)
+                for i in np.flatnonzero(wanted):
+                    requests.append(comm.Isend(np.ascontiguousarray(owned[i]), dest=r, tag=TAG + int(i)))
     else:
         keep = optimizer.intact(step)
         optimizer.reallocate(keep)
-        needed = [(i, arr) for i, (name, arr) in enumerate(optimizer.owned_arrays()) if name not in keep]
-        comm.send([i for i, _ in needed], dest=writers[me], tag=TAG - 1)
+        owned = list(optimizer.owned_arrays())
+        needed = [(i, arr) for i, (name, arr) in enumerate(owned) if name not in keep]
+        comm.Send(np.array([name not in keep for name, _ in owned], dtype=np.uint8), dest=writers[me], tag=TAG - 1)
         for i, arr in needed:
             if arr.flags.c_contiguous:   # straight into the new buffer
                 comm.Recv(arr, source=writers[me], tag=TAG + i)
