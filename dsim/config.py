@@ -316,6 +316,11 @@ def validate(cfg: Config) -> None:
     if f.kind == "plan" and not Path(os.environ.get("DSIM_FAULT_PLAN") or "/nonexistent/").is_file():
         raise ConfigError("config: fault.kind plan needs $DSIM_FAULT_PLAN, a fault plan file (python -m dsim.campaign "
                           f"writes one), got {os.environ.get('DSIM_FAULT_PLAN')!r}")
+    if f.kind == "plan":
+        from .faults import plan_error
+        wrong = plan_error(os.environ["DSIM_FAULT_PLAN"])
+        if wrong:
+            raise ConfigError(f"fault plan {os.environ['DSIM_FAULT_PLAN']}: {wrong}")
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")

@@ -322,6 +322,48 @@ REPAIR_POINTS = {"refill": "before the dead rank's place is filled", "exchange":
 STUCK_POINTS = (*PLAN_POINTS, "save", "step_end", "epoch_end")  # inside work the hang watch judges (progress)
 
 
+def plan_error(path) -> Optional[str]:
+    """What is wrong with the fault plan at `path` (a file), in one sentence naming the entry; None when nothing
+    is. Every rank checks it alike before training (config.validate): a plan written by hand fails there, not
+    with a traceback on the rank it names when its entry falls due."""
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"cannot be read as JSON: {e}"
+    entries = plan.get("faults") if isinstance(plan, dict) else None
+    if not isinstance(entries, list):
+        return 'must be a JSON object with a list "faults"'
+
+    def number(x, low):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and x >= low
+
+    def integer(x, low):
+        return number(x, low) and isinstance(x, int)
+
+    for i, f in enumerate(entries):
+        where = f"entry {i}"
+        if not isinstance(f, dict):
+            return f"{where} must be an object, got {f!r}"
+        unknown = sorted(set(f) - {"time", "rank", "kind", "at", "step", "node_size", "slowdown"})
+        checks = [
+            (not unknown, f"has unknown key(s) {', '.join(unknown)}"),
+            (integer(f.get("rank"), 0), f"rank must be a rank (>= 0), got {f.get('rank')!r}"),
+            (f.get("kind") in PLAN_KINDS, f"kind must be one of {', '.join(PLAN_KINDS)}, got {f.get('kind')!r}"),
+            (f.get("at") in PLAN_POINTS, f"at must be one of {', '.join(PLAN_POINTS)}, got {f.get('at')!r}"),
+            ("time" not in f or number(f["time"], 0), f"time must be Unix seconds, got {f.get('time')!r}"),
+            ("step" not in f or integer(f["step"], 1), f"step must be a step (>= 1), got {f.get('step')!r}"),
+            (f.get("kind") != "node" or integer(f.get("node_size"), 1),
+             f"a node failure needs node_size, its node's ranks (>= 1), got {f.get('node_size')!r}"),
+            ("slowdown" not in f or (number(f["slowdown"], 1) and f["slowdown"] > 1),
+             f"slowdown must be a number > 1 (how many times slower), got {f.get('slowdown')!r}"),
+        ]
+        wrong = next((what for ok, what in checks if not ok), None)
+        if wrong:
+            shown = json.dumps(f)
+            return f"{where} ({shown}): {wrong}" if len(shown) < 120 else f"{where}: {wrong}"
+    return None
+
+
 class FaultPlan:
     """This rank's entries of a fault plan, in time order; each fires once across every process of the campaign."""
 

@@ -2,6 +2,7 @@
 metrics, the strategy table, the what-if at scale, the report and the command line's bad input."""
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -179,6 +180,40 @@ def test_fault_kind_plan_needs_the_plan_file(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"fault.kind plan needs \$DSIM_FAULT_PLAN"):
         load_config(None, ["fault.kind=plan"])
     monkeypatch.setenv("DSIM_FAULT_PLAN", str(plan_file(tmp_path, [])))
+    assert load_config(None, ["fault.kind=plan"]).fault.kind == "plan"
+
+
+@pytest.mark.parametrize("text, error", [
+    ("nope", "cannot be read as JSON"),
+    ('[{"rank": 1}]', 'must be a JSON object with a list "faults"'),
+    ('{"faults": [7]}', "entry 0 must be an object, got 7"),
+    ('{"faults": [{"rank": 1, "kind": "slow", "at": "forward", "slowdown": "fast"}]}',
+     "entry 0 (.*): slowdown must be a number > 1 .* got 'fast'"),
+    ('{"faults": [{"rank": 1, "kind": "slow", "at": "forward", "slowdown": 1}]}', "slowdown must be a number > 1"),
+    ('{"faults": [{"rank": 0, "kind": "kill", "at": "forward"}, {"rank": 1, "kind": "kil", "at": "forward"}]}',
+     "entry 1 .*kind must be one of kill, uce, corrupt, node, hang, stuck, sdc, slow, got 'kil'"),
+    ('{"faults": [{"rank": -1, "kind": "kill", "at": "forward"}]}', r"rank must be a rank \(>= 0\), got -1"),
+    ('{"faults": [{"rank": 1, "kind": "kill", "at": "step_end"}]}', "at must be one of forward, allreduce, update"),
+    ('{"faults": [{"rank": 1, "kind": "kill", "at": "update", "step": 0}]}', "step must be a step"),
+    ('{"faults": [{"rank": 1, "kind": "kill", "at": "update", "time": "now"}]}', "time must be Unix seconds"),
+    ('{"faults": [{"rank": 1, "kind": "node", "at": "update"}]}', "a node failure needs node_size"),
+    ('{"faults": [{"rank": 1, "kind": "kill", "at": "update", "when": 3}]}', "unknown key.* when"),
+])
+def test_a_bad_fault_plan_is_one_line_before_training(tmp_path, monkeypatch, text, error):
+    """A plan written by hand is checked whole when the config is (every rank alike, exit 2), not when an entry
+    falls due on the rank it names (a traceback there, before)."""
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    monkeypatch.setenv("DSIM_FAULT_PLAN", str(path))
+    with pytest.raises(ConfigError, match=f"^fault plan {re.escape(str(path))}: (entry 0 .*)?{error}"):
+        load_config(None, ["fault.kind=plan"])
+
+
+def test_the_campaigns_own_plans_pass_the_check(tmp_path, monkeypatch):
+    path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(1.5, 3, "node", "forward"),
+                                                        failures.Failure(2.5, 1, "slow", "update")],
+                               start=1e9, node_size=4, slowdown=8)
+    monkeypatch.setenv("DSIM_FAULT_PLAN", str(path))
     assert load_config(None, ["fault.kind=plan"]).fault.kind == "plan"
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch_env, run_command
+from conftest import launch_env, mpirun, run_command
 from dsim.campaign import failures
 
 pytestmark = pytest.mark.e2e
@@ -212,3 +212,17 @@ def test_ctrl_c_leaves_no_process_and_keeps_the_report(tmp_path):
     log = (out / "periodic-every10" / "jobs.log").read_text()
     assert "+ RANK_SIZE=4 bash launch/run_parallel_save_ckpt.sh" in log and " -n 4 python -m dsim.train" in log
     assert "dsim: 4 ranks, data_parallel=2 model_parallel=2" in log
+
+
+def test_a_fault_plan_written_by_hand_with_a_bad_entry_is_one_line_under_mpirun(tmp_path):
+    """Every rank checks the plan before training: one line, exit 2, and nothing written (before: a traceback from
+    the rank the entry named when it fell due, the others waiting for it)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"rank": 3, "kind": "slow", "at": "forward", "step": 2, "slowdown": "4x"}]}))
+    proc = mpirun(8, ["-m", "dsim.train", *SMALL, "--set", "fault.kind=plan", "--set", "output.dir=run"], cwd=tmp_path,
+                  timeout=120, env={"DSIM_FAULT_PLAN": str(plan)})
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("dsim:")]
+    assert proc.returncode == 2 and lines == [
+        f"dsim: error: fault plan {plan}: entry 0 ({{\"rank\": 3, \"kind\": \"slow\", \"at\": \"forward\", \"step\": 2, "
+        "\"slowdown\": \"4x\"}): slowdown must be a number > 1 (how many times slower), got '4x'"], proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
