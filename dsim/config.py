@@ -113,7 +113,8 @@ class CheckpointSection:
 
 @dataclass
 class FaultConfig:
-    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | plan ($DSIM_FAULT_PLAN)
+    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | hang | stuck | deadlock
+                                             # | slow | sdc | plan ($DSIM_FAULT_PLAN)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     last_gasp_stuck: Optional[int] = None    # this rank's last-gasp write never returns (found by tft.hang_timeout)
@@ -137,6 +138,8 @@ class TFTConfig:
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     hang_timeout: Optional[float] = None     # seconds a frozen or stuck rank is waited for, then killed (dsim.ft.hang)
+    deadlock_timeout: Optional[float] = None  # seconds every rank may wait, none progressing, before the job is ended
+                                             # as deadlocked (default: 10 x hang_timeout; needs hang_timeout)
     straggler_factor: Optional[float] = None  # a rank computing its steps this many times slower than the median is a straggler
     straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place)
     sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
@@ -302,14 +305,21 @@ def validate(cfg: Config) -> None:
     h = cfg.tft.hang_timeout
     if h is not None and (isinstance(h, bool) or not isinstance(h, (int, float)) or not h > 0):
         raise ConfigError(f"config: tft.hang_timeout must be a number of seconds > 0 (or null: off), got {h!r}")
+    d = cfg.tft.deadlock_timeout
+    if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not d > 0):
+        raise ConfigError(f"config: tft.deadlock_timeout must be a number of seconds > 0 (or null: 10 x "
+                          f"tft.hang_timeout), got {d!r}")
+    if d is not None and h is None:
+        raise ConfigError("config: tft.deadlock_timeout needs tft.hang_timeout (the hang watch finds a deadlock)")
     x = cfg.tft.straggler_factor
     if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 1):
         raise ConfigError(f"config: tft.straggler_factor must be a number > 1 (or null: off), got {x!r}")
     if cfg.tft.straggler_evict and x is None:
         raise ConfigError("config: tft.straggler_evict needs tft.straggler_factor (how much slower is a straggler)")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce", "hang", "stuck", "slow", "sdc", "plan"):
-        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, stuck, slow, sdc or plan, got {f.kind!r}")
+    if f.kind not in (None, "exception", "kill", "uce", "hang", "stuck", "deadlock", "slow", "sdc", "plan"):
+        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, stuck, deadlock, slow, sdc or plan, "
+                          f"got {f.kind!r}")
     d = f.slowdown
     if isinstance(d, bool) or not isinstance(d, (int, float)) or not d > 1:
         raise ConfigError(f"config: fault.slowdown must be a number > 1 (how many times slower), got {d!r}")
@@ -340,8 +350,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config: checkpoint.save_on_signal saves the step training stops at: it needs checkpoint.enabled")
     if f.spare_hang and not cfg.tft.spares:
         raise ConfigError("config: fault.spare_hang freezes the warm spares: it needs tft.spares")
-    if f.kind == "stuck" and f.at not in STUCK_POINTS:  # the points inside work the hang watch judges
-        raise ConfigError(f"config: fault.kind stuck strikes inside a step's computation, a save or a callback: "
+    if f.kind in ("stuck", "deadlock") and f.at not in STUCK_POINTS:  # inside work the hang watch judges
+        raise ConfigError(f"config: fault.kind {f.kind} strikes inside a step's computation, a save or a callback: "
                           f"fault.at must be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")
     if f.kind == "slow" and f.at not in PLAN_POINTS:  # from a point of a step on
         raise ConfigError(f"config: fault.kind slow begins inside a step's computation: fault.at must be "

@@ -1,6 +1,6 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill | uce | hang | stuck | slow | sdc, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce | hang | stuck | deadlock | slow | sdc, rank: R, step: N, epoch: E, at: POINT}`
 - kind sdc: one bit of one of rank R's parameters flips, and nothing reports it (silent data corruption;
   tft.sdc_check_every finds it by comparing replicas: dsim.ft.sdc);
 - kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
@@ -13,6 +13,9 @@
   go on: a deadlock, a read that never returns); at forward, allreduce, update, save, step_end or epoch_end
   only (found by the same watch; at save, a write to a dead file system: with async_save, its background
   writer stops; at step_end or epoch_end, a callback that never returns);
+- kind deadlock: rank R waits for a message that never comes (a receive nobody sends to, as collectives that do
+  not match leave a rank), at the same points as stuck: every rank then waits, none frozen or stuck, and the
+  hang watch ends the whole job after tft.deadlock_timeout (dsim.ft.hang);
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
   become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
@@ -178,6 +181,8 @@ class FaultInjector(Callback):
             return  # continued (SIGCONT): the step goes on
         if self.kind == "stuck":
             stall(f"dsim: fault: rank {self.my_rank} is stuck (its training stops, its process runs) {where}")
+        if self.kind == "deadlock":
+            wait_for_nothing(f"dsim: fault: rank {self.my_rank} waits for a message no rank sends {where}")
         if self.kind == "slow":
             slow_down(self.my_rank, self.slowdown, where)
             return
@@ -232,6 +237,15 @@ def stall(message: str) -> None:
     say(message)
     while True:
         time.sleep(3600)
+
+
+def wait_for_nothing(message: str) -> None:
+    """Say why and wait, as in a collective, for a message that never comes (MPI_Recv on MPI_COMM_SELF: no failure
+    elsewhere ends it): the others wait for this rank in their next collective, and nobody computes."""
+    from mpi4py import MPI
+    say(message)
+    with progress.waiting():
+        MPI.COMM_SELF.Recv(np.empty(1, np.uint8), source=0, tag=0xDEAD)
 
 
 def during_last_gasp(rank: int, global_step: int) -> None:

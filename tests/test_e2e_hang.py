@@ -4,6 +4,7 @@ hang watch kills it, and what follows is what follows a death: the last gasp and
 uninterrupted run, or the repair in the job by a warm spare.
 Every mpirun has a timeout (conftest.run_command kills the whole group, a stopped process too)."""
 import re
+import time
 
 import pytest
 
@@ -47,6 +48,33 @@ def test_a_frozen_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_ident
 
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
     assert LOSS.findall(proc.stdout) == ref_losses[12:]  # steps 13..20, bit for bit
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_a_deadlock_ends_the_job_with_every_ranks_stacks_and_the_resume_is_bit_identical(ft_reference, tmp_path):
+    """Rank 3 waits for a message no rank sends (fault.kind deadlock), in step 13's forward pass: the others wait for
+    it in their next collective; nobody is frozen or stuck, nobody computes. Past tft.deadlock_timeout the first
+    watch to see it says so, every process prints its stacks, and the job is ended; before, the watch said
+    "waiting" and the job waited for ever. The resume from the periodic checkpoint of step 7 is bit-identical."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.deadlock_timeout=6"]
+    t = time.monotonic()
+    crash = mpirun(8, [*opts, *fault("deadlock", 3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1 and time.monotonic() - t < 60, crash.stderr
+    assert "dsim: fault: rank 3 waits for a message no rank sends during the forward of step 13" in crash.stdout
+    assert re.search(r"dsim: hang watch: every process of the job has waited \d+ s or more in a collective or a "
+                     r"receive, none frozen, none computing: a deadlock \(step 13, tft.deadlock_timeout 6 s\); each "
+                     r"prints its stacks \(SIGUSR1\), then the job is ended \(exit status 1\): resume from the "
+                     r"last checkpoint", crash.stdout), crash.stdout
+    assert crash.stdout.count("a deadlock (step") == 1  # one watch ends it
+    assert crash.stderr.count("in wait_for_nothing") == 1, crash.stderr  # the stacks: rank 3's shows where it waits
+    assert crash.stderr.count("Current thread") + crash.stderr.count("Thread 0x") >= 8 * 2  # main + watch, each rank
+    deadlock, = events(tmp_path, "deadlock")
+    assert deadlock["ranks"] == list(range(8)) and deadlock["waited"] >= 6 and deadlock["global_step"] == 13
+    assert not events(tmp_path, "hang")  # nobody was killed as frozen or stuck
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[7:]  # from the checkpoint of step 7: steps 8..20, bit for bit
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.faults import started
-from dsim.ft.hang import HangWatch, find_hung, forget_the_dead, heartbeats
+from dsim.ft.hang import HangWatch, deadlocked, find_hung, forget_the_dead, heartbeats
 from dsim.parallel import progress
 
 BEATING = """
@@ -229,6 +229,34 @@ def test_a_hang_timeout_is_seconds(value, message):
     with pytest.raises(ConfigError, match=f"config: tft.hang_timeout {message}"):
         load_config(None, [f"tft.hang_timeout={value}"])
     assert load_config(None, ["tft.hang_timeout=2.5"]).tft.hang_timeout == 2.5
+
+
+def beat(rank, waiting, at=100.0, role=None):
+    return {"pid": 1000 + (rank or 0), "rank": rank, "world_size": 4, "time": at, "waiting": waiting,
+            **({"role": role} if role else {})}
+
+
+def test_a_deadlock_is_every_process_waiting_with_no_progress_past_the_timeout():
+    world = [beat(r, 9.0) for r in range(4)]
+    assert deadlocked(world, 100.5, 6) == 9.5            # each waited 9 s at its beat, half a second ago
+    assert deadlocked(world, 100.5, 10) is None          # not yet past the timeout
+    assert deadlocked([*world[:3], beat(3, None)], 100.5, 6) is None   # rank 3 computes (or is between waits)
+    assert deadlocked([*world[:3], beat(3, 2.0)], 100.5, 6) is None    # rank 3's wait began 2 s ago: progress
+    assert deadlocked([*world, beat(None, None, role="spare")], 100.5, 6) == 9.5  # an idle spare is not in it
+    assert deadlocked([*world, beat(None, 1.0, role="newcomer")], 100.5, 6) is None  # a newcomer's wait counts
+    assert deadlocked([beat(0, 9.0)], 100.5, 6) is None  # one rank alone waits for nobody
+
+
+def test_a_deadlock_timeout_is_seconds_and_needs_the_hang_watch():
+    with pytest.raises(ConfigError, match="config: tft.deadlock_timeout must be a number of seconds > 0 \\(or null: "
+                                          "10 x tft.hang_timeout\\), got -1.0"):
+        load_config(None, ["tft.hang_timeout=3", "tft.deadlock_timeout=-1"])
+    with pytest.raises(ConfigError, match="config: tft.deadlock_timeout needs tft.hang_timeout"):
+        load_config(None, ["tft.deadlock_timeout=30"])
+    assert HangWatch(3, "/nonexistent").deadlock == 30 and HangWatch(3, "/nonexistent", deadlock_timeout=7).deadlock == 7
+    assert HangWatch(None, "/nonexistent", straggler_factor=3).deadlock is None
+    with pytest.raises(ConfigError, match="config: fault.kind deadlock strikes inside a step's computation"):
+        load_config(None, ["fault.kind=deadlock", "fault.rank=1", "fault.step=3", "fault.at=commit"])
 
 
 def test_a_stuck_fault_strikes_inside_a_step_a_save_or_a_callback():

@@ -94,7 +94,7 @@ class Run:
         t = cfg.tft
         if t.hang_timeout or t.straggler_factor:
             from ..ft.hang import HangWatch
-            cbs.append(HangWatch(t.hang_timeout, out.dir, t.straggler_factor, t.straggler_evict))
+            cbs.append(HangWatch(t.hang_timeout, out.dir, t.straggler_factor, t.straggler_evict, t.deadlock_timeout))
         if c.save_on_signal:  # after the checkpoint (its end saves the step), before the metrics (its event)
             from ..ft.preemption import StopOnSignal
             self.stop_on_signal = StopOnSignal(saver)

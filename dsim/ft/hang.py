@@ -25,7 +25,12 @@ process (pid and start time):
 Every rank's watch may see it; one, the first to claim it, reports it (a `hang` event and a line). When
 nobody is frozen or stuck (a slow step, or every rank inside a collective, or one stuck outside all work
 watched), the job waits, as MPI does, and the watch says so once the work has gone on for twice the timeout
-(looking again at every heartbeat: a rank stuck later in the step is found). So the timeout must be longer
+(looking again at every heartbeat: a rank stuck later in the step is found). One case is no wait for a rank:
+a deadlock, every process of the job waiting (a collective, a receive) with no sign of progress on any,
+none frozen: collectives that do not match, a receive nobody sends to. Past tft.deadlock_timeout (10 times
+the hang timeout unless set), the first watch to see it ends the job, as NCCL's watchdog does: every process
+prints its stacks (SIGUSR1), then all are stopped and killed; a restart resumes from the last checkpoint.
+So the timeout must be longer
 than any one layer, tensor write, file's fsync, batch's loading or callback (between its own collectives,
 which a callback of dsim marks as waits) takes.
 The heartbeat also carries how long the rank computes a step outside waits: with tft.straggler_factor, rank
@@ -37,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -49,6 +55,7 @@ from ..parallel.layout import ParallelLayout
 from .straggler import StragglerJudge
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
+DEADLOCK_FACTOR = 10  # tft.deadlock_timeout's default, times tft.hang_timeout
 RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
 _standby = None  # its heartbeat before it trains: a waiting spare, a newcomer joining (standby_heartbeat)
@@ -61,8 +68,10 @@ class HangWatch(Callback):
     """The heartbeat of this training process and the watch over the others' (see the module doc)."""
 
     def __init__(self, timeout: Optional[float], directory, straggler_factor: Optional[float] = None,
-                 straggler_evict: bool = False):
+                 straggler_evict: bool = False, deadlock_timeout: Optional[float] = None):
         self.timeout = None if timeout is None else float(timeout)  # None: no hang judged (stragglers only)
+        self.deadlock = (float(deadlock_timeout) if deadlock_timeout else DEADLOCK_FACTOR * self.timeout
+                         if self.timeout else None)  # seconds every rank may wait, none progressing
         self.dir = Path(directory) / "heartbeats"  # (stop_frozen_spares reads the same)
         self.stragglers = StragglerJudge(straggler_factor, straggler_evict) if straggler_factor else None
         self.rank = self.world_size = self.stage_size = None
@@ -142,11 +151,13 @@ class HangWatch(Callback):
                     warned = True
 
     def _beat(self, now: float) -> None:
-        stalled, work = progress.stalled_for(time.monotonic()), progress.work
+        mono = time.monotonic()
+        stalled, waiting, work = progress.stalled_for(mono), progress.waiting_for(mono), progress.work
         step_time, timed = progress.step_time()
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
                              "world_size": self.world_size, "step": self.step, "time": now,
-                             "stalled": None if stalled is None else round(stalled, 3), "work": work,
+                             "stalled": None if stalled is None else round(stalled, 3),
+                             "waiting": None if waiting is None else round(waiting, 1), "work": work,
                              "step_time": None if step_time is None else round(step_time, 5), "timed": timed,
                              **({"role": self.role} if self.rank is None else {})})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
@@ -158,6 +169,12 @@ class HangWatch(Callback):
         frozen, stuck = find_hung(self.dir, self.world_size, now, self.timeout)
         if not frozen and not stuck and killed_since(self.dir, since):
             return  # another rank's watch found it first: its death is on its way here
+        if not frozen and not stuck and self.deadlock:
+            world = [r for r in heartbeats(self.dir) if r.get("world_size") == self.world_size
+                     and same_process(r["pid"], r.get("started"))]
+            waited = deadlocked(world, now, self.deadlock)
+            if waited is not None:
+                return self._end_deadlock(world, now, waited)
         if not frozen and not stuck:
             if self.said == began or now - since <= 2 * self.timeout:
                 return  # looked again at every heartbeat (a stuck rank's stall grows); said once, later
@@ -169,6 +186,37 @@ class HangWatch(Callback):
         for record in frozen + stuck:
             if _kill(self.dir, record):  # the first watch to kill it reports it
                 self._report(record, now, "stuck" if record in stuck else "frozen")
+
+    def _end_deadlock(self, world: list, now: float, waited: float) -> None:
+        """Every process of this world waits, none progressing (deadlocked): the first watch to see it says so, has
+        each process print its stacks (SIGUSR1: guard.stacks_on_signal), then stops and kills the others and exits 1
+        (under ULFM a rank killed by a signal is a failure the job tolerates: killed all, mpirun would exit 0). As
+        NCCL's watchdog ends a job whose collective timed out: a restart resumes from the last checkpoint."""
+        if not claim(self.dir, {"pid": "deadlock", "started": max(r.get("started") or 0 for r in world)}):
+            return  # another watch ends the job
+        ranks = sorted(r["rank"] for r in world if r["rank"] is not None)
+        event("deadlock", any_rank=True, ranks=ranks, waited=round(waited, 1), timeout=self.deadlock,
+              global_step=self.step, by=self.rank)
+        say(f"dsim: hang watch: every process of the job has waited {waited:.0f} s or more in a collective or a "
+            f"receive, none frozen, none computing: a deadlock (step {self.step}, tft.deadlock_timeout "
+            f"{self.deadlock:g} s); each prints its stacks (SIGUSR1), then the job is ended (exit status 1): "
+            f"resume from the last checkpoint")
+        others = [r for r in world if r["pid"] != os.getpid()]
+        for sig in (signal.SIGUSR1, None, signal.SIGSTOP):  # the stacks; a second to print them; then none moves
+            if sig is None:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                time.sleep(1.0)
+                continue
+            for r in others:
+                try:
+                    os.kill(r["pid"], sig)
+                except ProcessLookupError:
+                    pass
+        for r in others:
+            _kill(self.dir, r)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     def _report(self, record: dict, now: float, how: str) -> None:
         if how == "frozen":
@@ -184,6 +232,21 @@ class HangWatch(Callback):
               by=self.rank, timeout=self.timeout, **({"work": record.get("work")} if how == "stuck" else {}))
         say(f"dsim: hang watch: {_who(record)} {what} (step {step}, timeout {self.timeout:g} s): killed (SIGKILL)"
             + (", as a failed rank" if record["rank"] is not None else ""))
+
+
+def deadlocked(world: list, now: float, timeout: float) -> Optional[float]:
+    """How long (seconds, the least of them) every process of a world, from its heartbeat records (living
+    processes of one world size, spares left out), has waited with no sign of progress, when that is more than
+    `timeout` for each, and at least two ranks train; else None. A wait that ends (a collective completes, a
+    step begins) is progress: ranks that wait in turn for a slow one never all wait that long at once."""
+    members = [r for r in world if r.get("role") != "spare"]
+    if sum(r.get("rank") is not None for r in members) < 2:
+        return None
+    waits = [r.get("waiting") for r in members]
+    if any(w is None for w in waits):
+        return None
+    waited = min(w + now - r["time"] for w, r in zip(waits, members))
+    return waited if waited > timeout else None
 
 
 def _who(record: dict) -> str:
@@ -318,6 +381,9 @@ def forget_the_dead(directory) -> None:
     """Remove the heartbeats (and kill marks) of processes that no longer run: a job's start, after a restart."""
     for path in Path(directory).iterdir():
         try:
+            if path.name.startswith("killed-deadlock-"):  # a job ended as deadlocked (HangWatch._end_deadlock)
+                path.unlink(missing_ok=True)
+                continue
             if path.name.startswith("killed-"):
                 pid, when = path.name.split("-")[1:3]
                 when = None if when == "None" else int(when)

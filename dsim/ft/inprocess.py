@@ -327,7 +327,9 @@ def take_place(world, pool, joining):
     run.spares = pool
     step = joining["step"]
     faults.newcomer_in_repair(f, world.rank, step)
-    if not restore(run.groups, joining["writers"], run.optimizer, step):
+    with progress.waiting():  # for its writers (a deadlock here is every process waiting: dsim.ft.hang)
+        restored = restore(run.groups, joining["writers"], run.optimizer, step)
+    if not restored:
         raise RepairInterrupted(f"rank(s) {', '.join(map(str, joining['ranks']))} died", joining["ranks"])
     run.loader.set_init_step(step)
     run.model.recovery.pending = (joining["fault_time"], "heal", run.groups.world.rank == 0)

@@ -111,6 +111,12 @@ def stalled_for(now: float) -> float | None:
     return now - last
 
 
+def waiting_for(now: float) -> float | None:
+    """Seconds since the main thread's last sign of progress while it waits (a collective, a receive); None when it
+    does not wait. Every rank of a deadlock waits, none progressing (`now`: time.monotonic())."""
+    return now - last if waits else None
+
+
 def step_time() -> tuple[float | None, int]:
     """The median of the last few steps' computing times outside waits (seconds; None before any), and how many
     steps were measured in all."""
