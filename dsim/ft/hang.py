@@ -208,6 +208,8 @@ class HangWatch(Callback):
                 time.sleep(1.0)
                 continue
             for r in others:
+                if sig == signal.SIGUSR1 and r.get("role") == "spare":
+                    continue  # an idle spare's stacks tell nothing
                 try:
                     os.kill(r["pid"], sig)
                 except ProcessLookupError:
