@@ -39,7 +39,7 @@ Naming a dead rank, with `repair_at: exchange`, they strike the newcomer that ta
 a spawned process) before the state moves. `spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
 that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | sdc | slow, at: forward | allreduce | update} fires
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | deadlock | sdc | slow, at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
 at or after `time` (Unix seconds; 0 if left out), or, for kill, corrupt, hang and stuck, at a point of a repair in
 the job its survivor reaches first (refill or exchange: see repair_at), and, with `step: N`, in global step N or later (a plan
@@ -328,7 +328,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "sdc", "slow")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "deadlock", "sdc", "slow")
 PLAN_POINTS = ("forward", "allreduce", "update")
 DEATH_KINDS = ("kill", "corrupt", "hang", "stuck")  # a plan's failures that stop a process (the hang watch kills a
                                                    # frozen or stuck one): they also strike during a repair in the job
@@ -430,6 +430,8 @@ class FaultPlan:
                 return
             if f["kind"] == "stuck":
                 stall(f"dsim: fault: rank {self.rank} is stuck (its training stops, its process runs) {where}")
+            if f["kind"] == "deadlock":
+                wait_for_nothing(f"dsim: fault: rank {self.rank} waits for a message no rank sends {where}")
             if f["kind"] == "sdc":
                 say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
                 return

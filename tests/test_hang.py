@@ -247,6 +247,18 @@ def test_a_deadlock_is_every_process_waiting_with_no_progress_past_the_timeout()
     assert deadlocked([beat(0, 9.0)], 100.5, 6) is None  # one rank alone waits for nobody
 
 
+def test_a_rank_polling_its_collective_is_still_waiting():
+    """With in-place UCE repair a rank polls its collective (check_revoked, a tick each time): still a wait with no
+    progress, as a deadlock needs (a campaign's arf job went undetected before); outside waits a tick is progress."""
+    with progress.waiting():
+        time.sleep(0.05)
+        progress.tick()
+        assert progress.waiting_for(time.monotonic()) >= 0.05
+    assert progress.waiting_for(time.monotonic()) is None
+    progress.tick()
+    assert progress.last > time.monotonic() - 0.01
+
+
 def test_a_deadlock_timeout_is_seconds_and_needs_the_hang_watch():
     with pytest.raises(ConfigError, match="config: tft.deadlock_timeout must be a number of seconds > 0 \\(or null: "
                                           "10 x tft.hang_timeout\\), got -1.0"):

@@ -32,8 +32,9 @@ class Failure:
     rank: int      # the victim (a training rank)
     kind: str      # kill | uce | corrupt (a kill, and the victim's newest shard on disk damaged) | node (every
                    # rank of the victim's node killed at once) | hang (the victim stops: SIGSTOP) | stuck (the
-                   # victim's training stops, its process runs) | sdc (a bit flips) | slow (the victim computes
-                   # slower from then on: a straggler)
+                   # victim's training stops, its process runs) | deadlock (the victim waits for a message no
+                   # rank sends: every rank waits) | sdc (a bit flips) | slow (the victim computes slower from then
+                   # on: a straggler)
     at: str        # the point of the step it strikes: forward | allreduce | update
 
 

@@ -44,6 +44,9 @@ class CampaignError(Exception):
     """A campaign that cannot go on (the fault-free run failed, a job refused its config, ...)."""
 
 
+DEADLOCK_FACTOR = 2  # a campaign's tft.deadlock_timeout, times its hang timeout
+
+
 @dataclass
 class Settings:
     out: Path
@@ -58,7 +61,7 @@ class Settings:
     ranks: int = 8
     max_spares: int = 2
     ranks_per_node: int = 4  # the ranks a `node` failure kills together
-    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang` or `stuck` failures)
+    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang`, `stuck` or `deadlock` failures)
     sdc_check_every: Optional[int] = None  # tft.sdc_check_every of every job (with `sdc` failures)
     node_mtbf: Optional[float] = None  # per-node MTBF of the what-if at scale (None: rank failures only)
     straggler_factor: Optional[float] = None  # tft.straggler_factor (and evict) of every job (with `slow` failures)
@@ -179,8 +182,9 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     d = s.out / name
     d.mkdir(parents=True)
     extra = ["fault.kind=plan", *strategy.settings]
-    if s.hang_timeout:  # a frozen or stuck rank is found and killed, then met as a dead one
-        extra.append(f"tft.hang_timeout={s.hang_timeout:g}")
+    if s.hang_timeout:  # a frozen or stuck rank is found and killed, then met as a dead one; a deadlock ends the job
+        # after DEADLOCK_FACTOR hang timeouts (not tft.deadlock_timeout's 10: a campaign's budget is minutes)
+        extra += [f"tft.hang_timeout={s.hang_timeout:g}", f"tft.deadlock_timeout={DEADLOCK_FACTOR * s.hang_timeout:g}"]
     if s.sdc_check_every:  # a flipped bit is found by comparing replicas, and rolled back in the job
         extra.append(f"tft.sdc_check_every={s.sdc_check_every}")
     if s.straggler_factor:  # a slow rank is found by its step times and killed, then met as a dead one

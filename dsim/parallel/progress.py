@@ -31,9 +31,12 @@ _wait_began = 0.0
 
 
 def tick() -> None:
-    """The main thread made progress (a layer, a collective entered or left)."""
+    """The main thread made progress (a layer, a collective entered or left). Not inside a wait: there the checks a
+    rank makes while it polls its collective (dsim.parallel.groups.check_revoked, each a tick at a layer) are
+    waiting still, and a deadlock is every rank waiting, none progressing (waiting_for)."""
     global last
-    last = time.monotonic()
+    if not waits:
+        last = time.monotonic()
 
 
 def pace() -> None:
