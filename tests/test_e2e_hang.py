@@ -78,6 +78,19 @@ def test_a_deadlock_ends_the_job_with_every_ranks_stacks_and_the_resume_is_bit_i
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+def test_a_deadlock_is_found_while_ranks_poll_their_collectives_for_in_place_repairs(tmp_path):
+    """With tft.uce (in-place repair) and tft.arf the ranks poll the step's first data-parallel collective, checking
+    for a damaged replica's request at each poll: still a wait. Found first in a campaign, where arf's jobs were
+    never judged deadlocked (each poll counted as progress) and the job waited for ever."""
+    opts = ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.deadlock_timeout=6", "--set", "tft.arf=true",
+            "--set", "tft.uce=true"]
+    crash = mpirun(8, [*opts, *fault("deadlock", 3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1, crash.stderr
+    assert "a deadlock (step 13, tft.deadlock_timeout 6 s)" in crash.stdout, crash.stdout
+    deadlock, = events(tmp_path, "deadlock")
+    assert deadlock["ranks"] == list(range(8)) and not events(tmp_path, "heal") and not events(tmp_path, "hang")
+
+
 @pytest.mark.parametrize("at, where, work, saved", [
     ("allreduce", "during the allreduce of step 13", "step", 12),
     # a callback that never returns (between steps: before, outside all work watched, so the job waited for ever)
