@@ -202,18 +202,10 @@ class HangWatch(Callback):
             f"{self.deadlock:g} s); each prints its stacks (SIGUSR1), then the job is ended (exit status 1): "
             f"resume from the last checkpoint")
         others = [r for r in world if r["pid"] != os.getpid()]
-        for sig in (signal.SIGUSR1, None, signal.SIGSTOP):  # the stacks; a second to print them; then none moves
-            if sig is None:
-                os.kill(os.getpid(), signal.SIGUSR1)
-                time.sleep(1.0)
-                continue
-            for r in others:
-                if sig == signal.SIGUSR1 and r.get("role") == "spare":
-                    continue  # an idle spare's stacks tell nothing
-                try:
-                    os.kill(r["pid"], sig)
-                except ProcessLookupError:
-                    pass
+        _signal([r for r in others if r.get("role") != "spare"], signal.SIGUSR1)  # (an idle spare's tell nothing)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(1.0)  # a second to print them
+        _signal(others, signal.SIGSTOP)  # then none moves: nobody begins a last gasp as the others die
         for r in others:
             _kill(self.dir, r)
         sys.stdout.flush()
@@ -249,6 +241,14 @@ def deadlocked(world: list, now: float, timeout: float) -> Optional[float]:
         return None
     waited = min(w + now - r["time"] for w, r in zip(waits, members))
     return waited if waited > timeout else None
+
+
+def _signal(records: list, sig) -> None:
+    for r in records:
+        try:
+            os.kill(r["pid"], sig)
+        except ProcessLookupError:
+            pass
 
 
 def _who(record: dict) -> str:
