@@ -67,6 +67,7 @@ def test_a_deadlock_ends_the_job_with_every_ranks_stacks_and_the_resume_is_bit_i
                      r"prints its stacks \(SIGUSR1\), then the job is ended \(exit status 1\): resume from the "
                      r"last checkpoint", crash.stdout), crash.stdout
     assert crash.stdout.count("a deadlock (step") == 1  # one watch ends it
+    assert crash.stdout.count("has gone on for") <= 1  # "waiting" (at 2 x 3 s), if said before: by one watch
     assert crash.stderr.count("in wait_for_nothing") == 1, crash.stderr  # the stacks: rank 3's shows where it waits
     assert crash.stderr.count("Current thread") + crash.stderr.count("Thread 0x") >= 8 * 2  # main + watch, each rank
     deadlock, = events(tmp_path, "deadlock")

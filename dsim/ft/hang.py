@@ -179,6 +179,8 @@ class HangWatch(Callback):
             if self.said == began or now - since <= 2 * self.timeout:
                 return  # looked again at every heartbeat (a stuck rank's stall grows); said once, later
             self.said = began
+            if not first(self.dir, f"said-{self.step}"):
+                return  # another rank's watch said it for this step (one line, not one a rank)
             work = f"the {WORK[progress.work]} of " if progress.work in WORK and progress.work != "step" else ""
             say(f"dsim: hang watch: rank {self.rank}: {work}step {self.step} has gone on for {now - since:.0f} s; "
                 "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting")
@@ -358,14 +360,18 @@ def _kill(directory, record: dict) -> bool:
     return claim(directory, record)
 
 
-def claim(directory, record: dict) -> bool:
-    """Exclusively mark the frozen process `record` as killed (True for the first caller only)."""
+def first(directory, name: str) -> bool:
+    """Whether this caller is the first to take `name` in `directory` (an exclusive create)."""
     try:
-        fd = os.open(Path(directory) / f"killed-{record['pid']}-{record['started']}", os.O_CREAT | os.O_EXCL, 0o644)
+        os.close(os.open(Path(directory) / name, os.O_CREAT | os.O_EXCL, 0o644))
     except FileExistsError:
         return False
-    os.close(fd)
     return True
+
+
+def claim(directory, record: dict) -> bool:
+    """Exclusively mark the frozen process `record` as killed (True for the first caller only)."""
+    return first(directory, f"killed-{record['pid']}-{record['started']}")
 
 
 def killed_since(directory, since: float) -> bool:
@@ -383,7 +389,7 @@ def forget_the_dead(directory) -> None:
     """Remove the heartbeats (and kill marks) of processes that no longer run: a job's start, after a restart."""
     for path in Path(directory).iterdir():
         try:
-            if path.name.startswith("killed-deadlock-"):  # a job ended as deadlocked (HangWatch._end_deadlock)
+            if path.name.startswith(("killed-deadlock-", "said-")):  # a deadlock's mark; a waiting line's
                 path.unlink(missing_ok=True)
                 continue
             if path.name.startswith("killed-"):
