@@ -189,6 +189,7 @@ def test_a_stall_with_every_rank_running_is_only_reported(tmp_path, capfd):
         out = capfd.readouterr().out
         # once a step, not every heartbeat
         assert out.count("dsim: hang watch: rank 0: step 3 has gone on for") == 1 and "waiting" in out
+        assert "waiting (all waiting for 15 s: a deadlock, the job is ended)" in out  # 10 x the timeout
         assert other.poll() is None
     finally:
         other.kill()

@@ -183,7 +183,8 @@ class HangWatch(Callback):
                 return  # another rank's watch said it for this step (one line, not one a rank)
             work = f"the {WORK[progress.work]} of " if progress.work in WORK and progress.work != "step" else ""
             say(f"dsim: hang watch: rank {self.rank}: {work}step {self.step} has gone on for {now - since:.0f} s; "
-                "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting")
+                "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting"
+                + (f" (all waiting for {self.deadlock:g} s: a deadlock, the job is ended)" if self.deadlock else ""))
             return
         for record in frozen + stuck:
             if _kill(self.dir, record):  # the first watch to kill it reports it
