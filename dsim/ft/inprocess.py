@@ -20,6 +20,7 @@ On every rank, at the first MPI call that fails (or the UCE itself):
 """
 from __future__ import annotations
 
+import pickle
 import time
 
 import numpy as np
@@ -86,8 +87,13 @@ class InProcessRecovery:
         return self.in_place.serve if self.in_place is not None and self.in_place.armed() else None
 
     def handles(self, exc) -> bool:
-        """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM."""
-        return isinstance(exc, (UCEError, MPI.Exception, FailedAtTheEnd)) and ulfm.unavailable_reason() is None
+        """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM. A pickled
+        collective (mpi4py's allgather, bcast) that a rank's death cut short may also return success with that
+        rank's part truncated: its unpickling fails (seen in CI: a straggler killed inside a save's all-gather, four
+        ranks with "pickle data was truncated" or "invalid load key" crashed instead of joining the repair). With
+        nobody dead, the repair raises it again as it was (recover: not a fault to repair)."""
+        return (isinstance(exc, (UCEError, MPI.Exception, FailedAtTheEnd, pickle.UnpicklingError))
+                and ulfm.unavailable_reason() is None)
 
     def leave(self) -> None:
         """Training ended on this rank (the loop and the `finishing` hooks): every living rank agrees before any
