@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import mpirun
-from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal
+from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal, redone_once
 
 pytestmark = pytest.mark.e2e
 UCE = ["-m", "dsim.train", *OPTS, "--set", "tft.uce=true"]
@@ -113,13 +113,16 @@ def test_two_ranks_killed_at_once_are_replaced_by_two_spawned_processes(ft_refer
     (their MPI_Finalize once crashed on peers they had never exchanged a message with: spares.connect_all).
 
     Both die after step 11, a point each surely reaches. Killed in step 12's forward instead, rank 6 could be
-    stopped by rank 1's death before reaching it (seen in CI): two heals, one after the other."""
+    stopped by rank 1's death before reaching it (seen in CI): two heals, one after the other. The step training
+    goes on after is 11, or 10 when a survivor was still in step 11's last collective, its data from a victim
+    still in flight when the kill came (seen in CI: rank 2 offered step 10 only); the same job either way."""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
     proc = mpirun(8, ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true",
                       *fault("kill", "[1,6]", "step_end", "[11,11]")], cwd=tmp_path, check=0, ft=True)
-    assert ("dsim: heal: rank(s) 1, 6 died; repaired in the job: rank 1 from rank 5 (group info [1, 5]), rank 6 from "
-            "rank 2 (group info [2, 6]); world size back to 8; training goes on after step 11") in proc.stdout, proc.stdout
-    assert LOSS.findall(proc.stdout) == ref_losses and "Segmentation fault" not in proc.stderr
+    assert re.search(r"dsim: heal: rank\(s\) 1, 6 died; repaired in the job: rank 1 from rank 5 \(group info \[1, 5\]\), "
+                     r"rank 6 from rank 2 \(group info \[2, 6\]\); world size back to 8; training goes on after step "
+                     r"1[01] ", proc.stdout), proc.stdout
+    assert redone_once(LOSS.findall(proc.stdout)) == ref_losses and "Segmentation fault" not in proc.stderr
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
 
 
