@@ -182,7 +182,7 @@ class FaultInjector(Callback):
         if self.kind == "stuck":
             stall(f"dsim: fault: rank {self.my_rank} is stuck (its training stops, its process runs) {where}")
         if self.kind == "deadlock":
-            wait_for_nothing(f"dsim: fault: rank {self.my_rank} waits for a message no rank sends {where}")
+            wait_for_nothing(self.my_rank, where)
         if self.kind == "slow":
             slow_down(self.my_rank, self.slowdown, where)
             return
@@ -239,11 +239,12 @@ def stall(message: str) -> None:
         time.sleep(3600)
 
 
-def wait_for_nothing(message: str) -> None:
-    """Say why and wait, as in a collective, for a message that never comes (MPI_Recv on MPI_COMM_SELF: no failure
-    elsewhere ends it): the others wait for this rank in their next collective, and nobody computes."""
+def wait_for_nothing(rank: int, where: str) -> None:
+    """Say so and wait, as in a collective, for a message that never comes (MPI_Recv on MPI_COMM_SELF: no failure
+    elsewhere ends it): the others wait for this rank in their next collective, and nobody computes (a deadlock,
+    which tft.hang_timeout's watch ends: dsim.ft.hang)."""
     from mpi4py import MPI
-    say(message)
+    say(f"dsim: fault: rank {rank} waits for a message no rank sends {where}")
     with progress.waiting():
         MPI.COMM_SELF.Recv(np.empty(1, np.uint8), source=0, tag=0xDEAD)
 
@@ -431,7 +432,7 @@ class FaultPlan:
             if f["kind"] == "stuck":
                 stall(f"dsim: fault: rank {self.rank} is stuck (its training stops, its process runs) {where}")
             if f["kind"] == "deadlock":
-                wait_for_nothing(f"dsim: fault: rank {self.rank} waits for a message no rank sends {where}")
+                wait_for_nothing(self.rank, where)
             if f["kind"] == "sdc":
                 say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
                 return

@@ -174,7 +174,7 @@ class HangWatch(Callback):
                      and same_process(r["pid"], r.get("started"))]
             waited = deadlocked(world, now, self.deadlock)
             if waited is not None:
-                return self._end_deadlock(world, now, waited)
+                return self._end_deadlock(world, waited)
         if not frozen and not stuck:
             if self.said == began or now - since <= 2 * self.timeout:
                 return  # looked again at every heartbeat (a stuck rank's stall grows); said once, later
@@ -190,7 +190,7 @@ class HangWatch(Callback):
             if _kill(self.dir, record):  # the first watch to kill it reports it
                 self._report(record, now, "stuck" if record in stuck else "frozen")
 
-    def _end_deadlock(self, world: list, now: float, waited: float) -> None:
+    def _end_deadlock(self, world: list, waited: float) -> None:
         """Every process of this world waits, none progressing (deadlocked): the first watch to see it says so, has
         each process print its stacks (SIGUSR1: guard.stacks_on_signal), then stops and kills the others and exits 1
         (under ULFM a rank killed by a signal is a failure the job tolerates: killed all, mpirun would exit 0). As
