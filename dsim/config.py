@@ -114,7 +114,7 @@ class CheckpointSection:
 @dataclass
 class FaultConfig:
     kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | hang | stuck | deadlock
-                                             # | slow | sdc | plan ($DSIM_FAULT_PLAN)
+                                             # | unmatched | slow | sdc | plan ($DSIM_FAULT_PLAN)
     rank: Any = None                         # null: every rank; or a rank, or a list of ranks
     last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
     last_gasp_stuck: Optional[int] = None    # this rank's last-gasp write never returns (found by tft.hang_timeout)
@@ -317,9 +317,9 @@ def validate(cfg: Config) -> None:
     if cfg.tft.straggler_evict and x is None:
         raise ConfigError("config: tft.straggler_evict needs tft.straggler_factor (how much slower is a straggler)")
     f = cfg.fault
-    if f.kind not in (None, "exception", "kill", "uce", "hang", "stuck", "deadlock", "slow", "sdc", "plan"):
-        raise ConfigError(f"config: fault.kind must be exception, kill, uce, hang, stuck, deadlock, slow, sdc or plan, "
-                          f"got {f.kind!r}")
+    kinds = ("exception", "kill", "uce", "hang", "stuck", "deadlock", "unmatched", "slow", "sdc", "plan")
+    if f.kind not in (None, *kinds):
+        raise ConfigError(f"config: fault.kind must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {f.kind!r}")
     d = f.slowdown
     if isinstance(d, bool) or not isinstance(d, (int, float)) or not d > 1:
         raise ConfigError(f"config: fault.slowdown must be a number > 1 (how many times slower), got {d!r}")
@@ -350,7 +350,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config: checkpoint.save_on_signal saves the step training stops at: it needs checkpoint.enabled")
     if f.spare_hang and not cfg.tft.spares:
         raise ConfigError("config: fault.spare_hang freezes the warm spares: it needs tft.spares")
-    if f.kind in ("stuck", "deadlock") and f.at not in STUCK_POINTS:  # inside work the hang watch judges
+    if f.kind in ("stuck", "deadlock", "unmatched") and f.at not in STUCK_POINTS:  # inside work the hang watch judges
         raise ConfigError(f"config: fault.kind {f.kind} strikes inside a step's computation, a save or a callback: "
                           f"fault.at must be {', '.join(STUCK_POINTS[:-1])} or {STUCK_POINTS[-1]}, got {f.at!r}")
     if f.kind == "slow" and f.at not in PLAN_POINTS:  # from a point of a step on

@@ -1,6 +1,7 @@
 """Fault injection: raise like the seed's myCallback, or SIGKILL a rank's own process.
 
-`fault: {kind: exception | kill | uce | hang | stuck | deadlock | slow | sdc, rank: R, step: N, epoch: E, at: POINT}`
+`fault: {kind: exception | kill | uce | hang | stuck | deadlock | unmatched | slow | sdc, rank: R, step: N, epoch: E,
+at: POINT}`
 - kind sdc: one bit of one of rank R's parameters flips, and nothing reports it (silent data corruption;
   tft.sdc_check_every finds it by comparing replicas: dsim.ft.sdc);
 - kind hang: rank R stops (SIGSTOP): it neither dies nor goes on, and the others wait for it in their next
@@ -13,9 +14,11 @@
   go on: a deadlock, a read that never returns); at forward, allreduce, update, save, step_end or epoch_end
   only (found by the same watch; at save, a write to a dead file system: with async_save, its background
   writer stops; at step_end or epoch_end, a callback that never returns);
-- kind deadlock: rank R waits for a message that never comes (a receive nobody sends to, as collectives that do
-  not match leave a rank), at the same points as stuck: every rank then waits, none frozen or stuck, and the
-  hang watch ends the whole job after tft.deadlock_timeout (dsim.ft.hang);
+- kind deadlock: rank R waits for a message that never comes, on a communicator outside the job's (MPI_COMM_SELF),
+  at the same points as stuck: every rank then waits, none frozen or stuck, and after tft.deadlock_timeout the
+  hang watch breaks the deadlock: it revokes the job's communicators, and kills rank R, which nothing else frees
+  (dsim.ft.hang); kind unmatched: rank R waits, on the job's world, for a message no rank sends (a receive with
+  no matching send, as collectives that do not match leave a rank): the revoke frees every rank, none dies;
 - kind uce: an uncorrectable memory error (UCE): half of rank R's parameter and optimizer-state buffers
   become garbage and UCEError is raised on that rank, as the hardware would report it;
 - at step_end (with step) / epoch_end (with epoch): after that step or epoch finished (and was saved,
@@ -39,7 +42,8 @@ Naming a dead rank, with `repair_at: exchange`, they strike the newcomer that ta
 a spawned process) before the state moves. `spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
 that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.
 kind plan: the failures of a fault plan, the JSON file named by $DSIM_FAULT_PLAN (python -m dsim.campaign
-writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | deadlock | sdc | slow, at: forward | allreduce | update} fires
+writes it): each entry {time, rank, kind: kill | uce | corrupt | node | hang | stuck | deadlock | unmatched | sdc | slow,
+at: forward | allreduce | update} fires
 once, on that rank (modulo the ranks training, which an elastic shrink lowers), at the first such point reached
 at or after `time` (Unix seconds; 0 if left out), or, for kill, corrupt, hang and stuck, at a point of a repair in
 the job its survivor reaches first (refill or exchange: see repair_at), and, with `step: N`, in global step N or later (a plan
@@ -130,7 +134,7 @@ class FaultInjector(Callback):
     def begin(self, run_context):
         global _armed
         cb = run_context.original_args()
-        self.my_rank, self.optimizer = cb.rank, cb.optimizer
+        self.my_rank, self.optimizer, self.model = cb.rank, cb.optimizer, cb.model
         recovery = getattr(cb.model, "recovery", None)
         self.in_place = getattr(recovery, "in_place", None)  # a UCE repaired in place (tft.uce_in_place)
         if self.kind == "plan":
@@ -183,6 +187,8 @@ class FaultInjector(Callback):
             stall(f"dsim: fault: rank {self.my_rank} is stuck (its training stops, its process runs) {where}")
         if self.kind == "deadlock":
             wait_for_nothing(self.my_rank, where)
+        if self.kind == "unmatched":
+            wait_for_nothing(self.my_rank, where, self.model.groups.world)
         if self.kind == "slow":
             slow_down(self.my_rank, self.slowdown, where)
             return
@@ -239,14 +245,21 @@ def stall(message: str) -> None:
         time.sleep(3600)
 
 
-def wait_for_nothing(rank: int, where: str) -> None:
-    """Say so and wait, as in a collective, for a message that never comes (MPI_Recv on MPI_COMM_SELF: no failure
-    elsewhere ends it): the others wait for this rank in their next collective, and nobody computes (a deadlock,
-    which tft.hang_timeout's watch ends: dsim.ft.hang)."""
+def wait_for_nothing(rank: int, where: str, world=None) -> None:
+    """Say so and wait, as in a collective, for a message that never comes: on MPI_COMM_SELF, where no failure or
+    revoke elsewhere ends it; or, given the job's `world`, a receive no rank matches there (a revoke of the world
+    ends it). The others wait for this rank in their next collective, and nobody computes (a deadlock, which
+    tft.hang_timeout's watch breaks: dsim.ft.hang)."""
     from mpi4py import MPI
-    say(f"dsim: fault: rank {rank} waits for a message no rank sends {where}")
+    if world is None:
+        say(f"dsim: fault: rank {rank} waits for a message no rank sends {where}")
+    else:
+        say(f"dsim: fault: rank {rank} waits for a message no rank sends, on the job's world, {where}")
     with progress.waiting():
-        MPI.COMM_SELF.Recv(np.empty(1, np.uint8), source=0, tag=0xDEAD)
+        if world is None:
+            MPI.COMM_SELF.Recv(np.empty(1, np.uint8), source=0, tag=0xDEAD)
+        else:
+            world.Recv(np.empty(1, np.uint8), source=MPI.ANY_SOURCE, tag=0xDEAD)
 
 
 def during_last_gasp(rank: int, global_step: int) -> None:
@@ -329,7 +342,7 @@ def at_point(point: str, global_step: int) -> None:
 
 
 PLAN_ENV = "DSIM_FAULT_PLAN"
-PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "deadlock", "sdc", "slow")
+PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "deadlock", "unmatched", "sdc", "slow")
 PLAN_POINTS = ("forward", "allreduce", "update")
 DEATH_KINDS = ("kill", "corrupt", "hang", "stuck")  # a plan's failures that stop a process (the hang watch kills a
                                                    # frozen or stuck one): they also strike during a repair in the job
@@ -431,8 +444,8 @@ class FaultPlan:
                 return
             if f["kind"] == "stuck":
                 stall(f"dsim: fault: rank {self.rank} is stuck (its training stops, its process runs) {where}")
-            if f["kind"] == "deadlock":
-                wait_for_nothing(self.rank, where)
+            if f["kind"] in ("deadlock", "unmatched"):
+                wait_for_nothing(self.rank, where, injector.model.groups.world if f["kind"] == "unmatched" else None)
             if f["kind"] == "sdc":
                 say(f"dsim: fault: rank {self.rank}: a bit of {flip_bit(injector.optimizer, i)} flips, silently, {where}")
                 return

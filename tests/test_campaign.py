@@ -191,7 +191,7 @@ def test_fault_kind_plan_needs_the_plan_file(tmp_path, monkeypatch):
      "entry 0 (.*): slowdown must be a number > 1 .* got 'fast'"),
     ('{"faults": [{"rank": 1, "kind": "slow", "at": "forward", "slowdown": 1}]}', "slowdown must be a number > 1"),
     ('{"faults": [{"rank": 0, "kind": "kill", "at": "forward"}, {"rank": 1, "kind": "kil", "at": "forward"}]}',
-     "entry 1 .*kind must be one of kill, uce, corrupt, node, hang, stuck, deadlock, sdc, slow, got 'kil'"),
+     "entry 1 .*kind must be one of kill, uce, corrupt, node, hang, stuck, deadlock, unmatched, sdc, slow, got 'kil'"),
     ('{"faults": [{"rank": -1, "kind": "kill", "at": "forward"}]}', r"rank must be a rank \(>= 0\), got -1"),
     ('{"faults": [{"rank": 1, "kind": "kill", "at": "step_end"}]}', "at must be one of forward, allreduce, update"),
     ('{"faults": [{"rank": 1, "kind": "kill", "at": "update", "step": 0}]}', "step must be a step"),

@@ -3,6 +3,7 @@ its training stops, its process runs): without `tft.hang_timeout` MPI would wait
 hang watch kills it, and what follows is what follows a death: the last gasp and a resume bit-identical to an
 uninterrupted run, or the repair in the job by a warm spare.
 Every mpirun has a timeout (conftest.run_command kills the whole group, a stopped process too)."""
+import json
 import re
 import time
 
@@ -51,45 +52,96 @@ def test_a_frozen_rank_is_killed_then_the_last_gasp_and_the_resume_are_bit_ident
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_a_deadlock_ends_the_job_with_every_ranks_stacks_and_the_resume_is_bit_identical(ft_reference, tmp_path):
+def test_a_deadlock_is_broken_the_rank_waiting_elsewhere_killed_and_the_last_gasp_saved(ft_reference, tmp_path):
     """Rank 3 waits for a message no rank sends (fault.kind deadlock), in step 13's forward pass: the others wait for
     it in their next collective; nobody is frozen or stuck, nobody computes. Past tft.deadlock_timeout the first
-    watch to see it says so, every process prints its stacks, and the job is ended; before, the watch said
-    "waiting" and the job waited for ever. The resume from the periodic checkpoint of step 7 is bit-identical."""
+    watch to see it says so, every process prints its stacks, and the watches revoke their ranks' communicators:
+    every rank waiting on them comes out as after a death. Rank 3, still in its receive, is killed; the others
+    save the last gasp of step 12, and the resume from it is bit-identical. (Before, the whole job was ended and
+    resumed from the periodic checkpoint of step 7; and before that, it waited for ever.)"""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    opts = ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.deadlock_timeout=6"]
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", *WATCH, "--set", "tft.deadlock_timeout=6"]
     t = time.monotonic()
     crash = mpirun(8, [*opts, *fault("deadlock", 3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
     assert crash.returncode == 1 and time.monotonic() - t < 60, crash.stderr
     assert "dsim: fault: rank 3 waits for a message no rank sends during the forward of step 13" in crash.stdout
     assert re.search(r"dsim: hang watch: every process of the job has waited \d+ s or more in a collective or a "
                      r"receive, none frozen, none computing: a deadlock \(step 13, tft.deadlock_timeout 6 s\); each "
-                     r"prints its stacks \(SIGUSR1\), then the job is ended \(exit status 1\): resume from the "
-                     r"last checkpoint", crash.stdout), crash.stdout
-    assert crash.stdout.count("a deadlock (step") == 1  # one watch ends it
+                     r"prints its stacks \(SIGUSR1\), then the job's communicators are revoked: every rank goes on "
+                     r"as after a failure", crash.stdout), crash.stdout
+    assert re.search(r"dsim: hang watch: rank 3 \(pid \d+\) still waits after the revoke \(not on the job's "
+                     r"communicators\): killed \(SIGKILL\), as a failed rank", crash.stdout), crash.stdout
+    assert crash.stdout.count("a deadlock (step") == 1 and crash.stdout.count("still waits after") == 1
     assert crash.stdout.count("has gone on for") <= 1  # "waiting" (at 2 x 3 s), if said before: by one watch
     assert crash.stderr.count("in wait_for_nothing") == 1, crash.stderr  # the stacks: rank 3's shows where it waits
     assert crash.stderr.count("Current thread") + crash.stderr.count("Thread 0x") >= 8 * 2  # main + watch, each rank
     deadlock, = events(tmp_path, "deadlock")
     assert deadlock["ranks"] == list(range(8)) and deadlock["waited"] >= 6 and deadlock["global_step"] == 13
-    assert not events(tmp_path, "hang")  # nobody was killed as frozen or stuck
+    assert deadlock["broken"]
+    hang, = events(tmp_path, "hang")
+    assert (hang["rank"], hang["how"]) == (3, "deadlocked") and hang["time"] > deadlock["time"]
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+    gasp, = events(tmp_path, "last_gasp_saved")
+    assert gasp["failed"] == [3] and gasp["global_step"] == 12
 
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
-    assert LOSS.findall(proc.stdout) == ref_losses[7:]  # from the checkpoint of step 7: steps 8..20, bit for bit
+    assert LOSS.findall(proc.stdout) == ref_losses[12:]  # from the last gasp of step 12: steps 13..20, bit for bit
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_a_deadlock_is_found_while_ranks_poll_their_collectives_for_in_place_repairs(tmp_path):
+def test_a_deadlock_is_broken_and_healed_in_the_job_while_ranks_poll_their_collectives(ft_reference, tmp_path):
     """With tft.uce (in-place repair) and tft.arf the ranks poll the step's first data-parallel collective, checking
-    for a damaged replica's request at each poll: still a wait. Found first in a campaign, where arf's jobs were
-    never judged deadlocked (each poll counted as progress) and the job waited for ever."""
+    for a damaged replica's request at each poll: still a wait (found first in a campaign, where arf's jobs were
+    never judged deadlocked: each poll counted as progress). Rank 3 waits for nothing at step 13's all-reduce, its
+    data-parallel peer (rank 7) waits for it there, on a communicator no other rank is in: its own watch revokes
+    it. Rank 3 is killed, a spawned process takes its place, and the job ends as the uninterrupted run did."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
     opts = ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.deadlock_timeout=6", "--set", "tft.arf=true",
             "--set", "tft.uce=true"]
-    crash = mpirun(8, [*opts, *fault("deadlock", 3, "forward", 13)], cwd=tmp_path, timeout=120, ft=True)
-    assert crash.returncode == 1, crash.stderr
-    assert "a deadlock (step 13, tft.deadlock_timeout 6 s)" in crash.stdout, crash.stdout
+    proc = mpirun(8, [*opts, *fault("deadlock", 3, "allreduce", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "a deadlock (step 1" in proc.stdout and "the job's communicators are revoked" in proc.stdout, proc.stdout
+    assert re.search(r"rank 3 \(pid \d+\) still waits after the revoke", proc.stdout), proc.stdout
     deadlock, = events(tmp_path, "deadlock")
-    assert deadlock["ranks"] == list(range(8)) and not events(tmp_path, "heal") and not events(tmp_path, "hang")
+    assert deadlock["ranks"] == list(range(8)) and deadlock["broken"]
+    hang, = events(tmp_path, "hang")
+    heal, = events(tmp_path, "heal")
+    assert (hang["rank"], hang["how"]) == (3, "deadlocked") and heal["failed"] == [3] and heal["global_step"] == 12
+    assert redone_once(LOSS.findall(proc.stdout)) == ref_losses
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
+
+
+def test_an_unmatched_receive_on_the_world_is_broken_with_every_rank_alive_and_the_resume_is_bit_identical(
+        ft_reference, tmp_path):
+    """Rank 3 waits, on the job's world, for a message no rank sends (fault.kind unmatched: a receive with no
+    matching send, as collectives that do not match leave a rank), half-way through step 13's update; the others,
+    past step 13, wait for it in step 14. The revoke frees every rank, rank 3 too: nobody is killed, and all eight
+    save the last gasp of step 13 though no rank failed; rank 3's file is written by its replica, rank 7 (its own
+    state is torn by the update it left). The resume from it is bit-identical."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.ttp=true", *WATCH, "--set", "tft.deadlock_timeout=6"]
+    crash = mpirun(8, [*opts, *fault("unmatched", 3, "update", 13)], cwd=tmp_path, timeout=120, ft=True)
+    assert crash.returncode == 1, crash.stderr
+    assert ("dsim: fault: rank 3 waits for a message no rank sends, on the job's world, during the update of step 13"
+            in crash.stdout)
+    assert re.search(r"a deadlock \(step 1[34], tft.deadlock_timeout 6 s\)", crash.stdout), crash.stdout
+    assert "still waits" not in crash.stdout
+    deadlock, = events(tmp_path, "deadlock")
+    assert deadlock["broken"] and deadlock["ranks"] == list(range(8)) and not events(tmp_path, "hang")
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        "dsim: error: a deadlock was broken, every rank alive; last-gasp checkpoint ttp-2_3 (global step 13) "
+        "committed"), crash.stderr
+    gasp, = events(tmp_path, "last_gasp_saved")
+    assert gasp["failed"] == [] and gasp["global_step"] == 13
+    record = json.loads(next(tmp_path.rglob("tft_saved_checkpoints-step_13/ttp-2_3.commit")).read_text())
+    assert record["last_gasp"]["writers"] == {"3": 7}  # (the others each wrote its own)
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[13:]  # from the last gasp of step 13: steps 14..20, bit for bit
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
 @pytest.mark.parametrize("at, where, work, saved", [

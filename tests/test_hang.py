@@ -14,7 +14,8 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.faults import started
-from dsim.ft.hang import HangWatch, deadlocked, find_hung, forget_the_dead, heartbeats
+from dsim.ft.hang import (HangWatch, deadlocked, find_hung, forget_the_dead, heartbeats, killed_since, settled,
+                          still_waiting)
 from dsim.parallel import progress
 
 BEATING = """
@@ -246,6 +247,36 @@ def test_a_deadlock_is_every_process_waiting_with_no_progress_past_the_timeout()
     assert deadlocked([*world, beat(None, None, role="spare")], 100.5, 6) == 9.5  # an idle spare is not in it
     assert deadlocked([*world, beat(None, 1.0, role="newcomer")], 100.5, 6) is None  # a newcomer's wait counts
     assert deadlocked([beat(0, 9.0)], 100.5, 6) is None  # one rank alone waits for nobody
+
+
+def test_a_deadlocks_break_kills_only_a_process_still_in_a_wait_begun_before_it():
+    """The break was marked at 100: a beat tells how its process came out once beaten a second later, and, if it
+    still waits since before, a second after its own watch revoked its rank's communicators."""
+    def after(rank, waiting, at, revoked=None):
+        return {**beat(rank, waiting, at), "revoked": revoked}
+    out_of_it = after(0, 0.4, 101.5)                 # a new wait (the shrink) since 101.1: out of the old one
+    computing = after(1, None, 101.5)                # not waiting: out of it
+    elsewhere = after(3, 11.5, 101.5, revoked=100.2)  # waiting since 90, a second past its own revoke: still in it
+    late = after(7, 11.4, 101.5, revoked=101.0)      # its watch revoked only at 101: not known yet
+    early = after(2, 0.9, 100.5)                     # beaten too soon after the break
+    assert [settled(r, 100.0) for r in (out_of_it, computing, elsewhere, late, early)] == [True, True, True, False,
+                                                                                          False]
+    assert still_waiting([out_of_it, computing, elsewhere], 100.0) == [elsewhere]
+    joined = after(5, 1.6, 101.5, revoked=100.1)     # its wait began at 99.9: its watch's revoke ended the old one
+    assert settled(joined, 100.0) and still_waiting([joined], 100.0) == []  # (the 0.1 s rounding of a wait)
+    assert still_waiting([after(6, 2.0, 101.5, revoked=100.2)], 100.0) == [after(6, 2.0, 101.5, revoked=100.2)]
+
+
+def test_a_kill_is_no_reason_to_wait_once_it_ended_nothing(tmp_path):
+    """A watch that sees nobody frozen or stuck waits when another watch killed someone since its work began (the
+    death is on its way); not once that kill is older than the horizon (after a deadlock's break that killed a
+    rank whose death did not end the wait, the watches judge again, and end the job)."""
+    mark = tmp_path / "killed-123-456"
+    mark.touch()
+    now = time.time()
+    assert killed_since(tmp_path, now - 5, 10) and not killed_since(tmp_path, now + 5, 10)  # killed before it began
+    os.utime(mark, (now - 20, now - 20))
+    assert not killed_since(tmp_path, now - 30, 10) and killed_since(tmp_path, now - 30, 60)
 
 
 def test_a_rank_polling_its_collective_is_still_waiting():

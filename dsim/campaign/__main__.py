@@ -38,9 +38,9 @@ def parse_args(argv=None):
     p.add_argument("--ranks-per-node", type=int, default=4,
                    help="ranks a `node` failure kills together: ranks 0..N-1 are the first node (default 4)")
     p.add_argument("--hang-timeout", default="10s",
-                   help="with hang, stuck or deadlock failures: tft.hang_timeout of every job, how long a step may "
-                        "go on before a frozen or stuck rank is killed (default 10s; a deadlock ends the job after 10 "
-                        "times that)")
+                   help="with hang, stuck, deadlock or unmatched failures: tft.hang_timeout of every job, how long "
+                        "a step may go on before a frozen or stuck rank is killed (default 10s; a deadlock is broken "
+                        "after twice that)")
     p.add_argument("--straggler-factor", type=float, default=3.0,
                    help="with slow failures: tft.straggler_factor of every job, with tft.straggler_evict: a rank that "
                         "computes its steps this many times slower than the others of its stage, for 5 of its steps, "
@@ -105,7 +105,7 @@ def settings_from(args) -> tuple:
         raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
                            args.ranks, args.spares, args.ranks_per_node,
-                           hang_timeout if {"hang", "stuck", "deadlock"} & set(kinds) else None,
+                           hang_timeout if {"hang", "stuck", "deadlock", "unmatched"} & set(kinds) else None,
                            args.sdc_check_every if "sdc" in kinds else None, node_mtbf,
                            (args.straggler_factor or None) if "slow" in kinds else None,
                            args.slowdown if "slow" in kinds else None), rank_mtbf

@@ -33,8 +33,9 @@ class Failure:
     kind: str      # kill | uce | corrupt (a kill, and the victim's newest shard on disk damaged) | node (every
                    # rank of the victim's node killed at once) | hang (the victim stops: SIGSTOP) | stuck (the
                    # victim's training stops, its process runs) | deadlock (the victim waits for a message no
-                   # rank sends: every rank waits) | sdc (a bit flips) | slow (the victim computes slower from then
-                   # on: a straggler)
+                   # rank sends, outside the job's communicators: every rank waits; the watch's break kills it) |
+                   # unmatched (the same, on the job's world: the break frees every rank) | sdc (a bit flips) |
+                   # slow (the victim computes slower from then on: a straggler)
     at: str        # the point of the step it strikes: forward | allreduce | update
 
 

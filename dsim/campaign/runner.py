@@ -182,7 +182,7 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     d = s.out / name
     d.mkdir(parents=True)
     extra = ["fault.kind=plan", *strategy.settings]
-    if s.hang_timeout:  # a frozen or stuck rank is found and killed, then met as a dead one; a deadlock ends the job
+    if s.hang_timeout:  # a frozen or stuck rank is found and killed, then met as a dead one; a deadlock is broken
         # after DEADLOCK_FACTOR hang timeouts (not tft.deadlock_timeout's 10: a campaign's budget is minutes)
         extra += [f"tft.hang_timeout={s.hang_timeout:g}", f"tft.deadlock_timeout={DEADLOCK_FACTOR * s.hang_timeout:g}"]
     if s.sdc_check_every:  # a flipped bit is found by comparing replicas, and rolled back in the job

@@ -28,8 +28,14 @@ watched), the job waits, as MPI does, and the watch says so once the work has go
 (looking again at every heartbeat: a rank stuck later in the step is found). One case is no wait for a rank:
 a deadlock, every process of the job waiting (a collective, a receive) with no sign of progress on any,
 none frozen: collectives that do not match, a receive nobody sends to. Past tft.deadlock_timeout (10 times
-the hang timeout unless set), the first watch to see it ends the job, as NCCL's watchdog does: every process
-prints its stacks (SIGUSR1), then all are stopped and killed; a restart resumes from the last checkpoint.
+the hang timeout unless set), the first watch to see it breaks it: every process prints its stacks (SIGUSR1);
+then, under ULFM, the watch revokes its rank's communicators (MPI_Comm_revoke, from its thread: mpi4py runs
+MPI_THREAD_MULTIPLE), which ends every wait on the job's communicators with an error on every rank, as after a
+death; a process still in a wait begun before (a receive elsewhere) is killed, as a failed rank. What follows
+is what follows a death: the repair in the job, or the last gasp (of every rank when none was killed) and a
+restart one step back, not at the last periodic checkpoint. Without ULFM, or when the same job deadlocks again
+before it recovered, the watch ends the job as NCCL's watchdog does: all processes stopped and killed, exit 1,
+a restart resumes from the last checkpoint.
 So the timeout must be longer
 than any one layer, tensor write, file's fsync, batch's loading or callback (between its own collectives,
 which a callback of dsim marks as waits) takes.
@@ -56,7 +62,8 @@ from .straggler import StragglerJudge
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
 DEADLOCK_FACTOR = 10  # tft.deadlock_timeout's default, times tft.hang_timeout
-RECORD = 256     # bytes of a heartbeat record (JSON, space-padded): one positioned write
+BREAK_WAIT = 10.0  # seconds a deadlock's break waits for every process to beat after its revoke
+RECORD = 512     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
 _standby = None  # its heartbeat before it trains: a waiting spare, a newcomer joining (standby_heartbeat)
 WORK = {"step": "step", "data loading": "data loading", "callback": "callback", "save": "save",
@@ -75,15 +82,19 @@ class HangWatch(Callback):
         self.dir = Path(directory) / "heartbeats"  # (stop_frozen_spares reads the same)
         self.stragglers = StragglerJudge(straggler_factor, straggler_evict) if straggler_factor else None
         self.rank = self.world_size = self.stage_size = None
+        self.model = None  # the Model trained (its groups: the communicators a deadlock's break revokes)
         self.role = None  # without a rank (standby_heartbeat): "spare" or "newcomer"
         self.step = 0
         self.said = None  # the work watched (progress.began) whose stall was reported already
+        self._broken = None  # the mark of the deadlock's break this watch revoked its rank's communicators for
+        self._revoked_at = None  # when (time.time(); in the heartbeat: the break waits for every watch's)
         self._stop = threading.Event()
         self._thread = self._fd = None
 
     # -- callbacks ----------------------------------------------------------------------------------------
     def begin(self, run_context):
         cb = run_context.original_args()
+        self.model = getattr(cb, "model", None)
         self.start(cb.rank, cb.world_size, _stage_size(cb))
 
     def start(self, rank, world_size: int, stage_size: int) -> None:
@@ -136,6 +147,7 @@ class HangWatch(Callback):
         warned = False
         while not self._stop.wait(HEARTBEAT):
             try:
+                self._join_break()  # (before the beat: the beat then says whether it revoked)
                 now = time.time()
                 self._beat(now)
                 began = progress.began  # (read once: the work may end meanwhile)
@@ -159,6 +171,7 @@ class HangWatch(Callback):
                              "stalled": None if stalled is None else round(stalled, 3),
                              "waiting": None if waiting is None else round(waiting, 1), "work": work,
                              "step_time": None if step_time is None else round(step_time, 5), "timed": timed,
+                             "revoked": self._revoked_at,
                              **({"role": self.role} if self.rank is None else {})})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
 
@@ -167,7 +180,7 @@ class HangWatch(Callback):
         gone on past the timeout: kill the frozen and the stuck processes of its world, if any."""
         since = now - (time.monotonic() - began)  # its time.time()
         frozen, stuck = find_hung(self.dir, self.world_size, now, self.timeout)
-        if not frozen and not stuck and killed_since(self.dir, since):
+        if not frozen and not stuck and killed_since(self.dir, since, 2 * self.timeout):
             return  # another rank's watch found it first: its death is on its way here
         if not frozen and not stuck and self.deadlock:
             world = [r for r in heartbeats(self.dir) if r.get("world_size") == self.world_size
@@ -184,36 +197,95 @@ class HangWatch(Callback):
             work = f"the {WORK[progress.work]} of " if progress.work in WORK and progress.work != "step" else ""
             say(f"dsim: hang watch: rank {self.rank}: {work}step {self.step} has gone on for {now - since:.0f} s; "
                 "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting"
-                + (f" (all waiting for {self.deadlock:g} s: a deadlock, the job is ended)" if self.deadlock else ""))
+                + (f" (all waiting for {self.deadlock:g} s: a deadlock, "
+                   f"{'which is broken' if self._can_break() else 'the job is ended'})" if self.deadlock else ""))
             return
         for record in frozen + stuck:
             if _kill(self.dir, record):  # the first watch to kill it reports it
                 self._report(record, now, "stuck" if record in stuck else "frozen")
 
     def _end_deadlock(self, world: list, waited: float) -> None:
-        """Every process of this world waits, none progressing (deadlocked): the first watch to see it says so, has
-        each process print its stacks (SIGUSR1: guard.stacks_on_signal), then stops and kills the others and exits 1
-        (under ULFM a rank killed by a signal is a failure the job tolerates: killed all, mpirun would exit 0). As
-        NCCL's watchdog ends a job whose collective timed out: a restart resumes from the last checkpoint."""
-        if not claim(self.dir, {"pid": "deadlock", "started": max(r.get("started") or 0 for r in world)}):
-            return  # another watch ends the job
+        """Every process of this world waits, none progressing (deadlocked): the first watch to see it says so and
+        has each process print its stacks (SIGUSR1: guard.stacks_on_signal), then breaks it (_break). Without ULFM,
+        or when a break of this job's deadlock was tried already and it deadlocked again before it recovered, it
+        ends the job instead, as NCCL's watchdog does: it stops and kills the others and exits 1 (under ULFM a rank
+        killed by a signal is a failure the job tolerates: killed all, mpirun would exit 0); a restart resumes
+        from the last checkpoint."""
+        job = max(r.get("started") or 0 for r in world)
+        breaking = self._can_break()
+        if breaking and not first(self.dir, f"breaking-deadlock-{job}"):
+            try:  # the break's mark, made once the stacks are printed
+                if (self.dir / f"killed-deadlock-{job}").stat().st_mtime > time.time() - waited:
+                    return  # made since these waits began: this deadlock is being broken
+            except OSError:
+                return  # another watch breaks it, its stacks first
+            breaking = False  # broken before, and every rank waits again, none recovered: the job is ended
+        if not breaking and not first(self.dir, f"ended-deadlock-{job}"):
+            return  # another watch ends it
         ranks = sorted(r["rank"] for r in world if r["rank"] is not None)
         event("deadlock", any_rank=True, ranks=ranks, waited=round(waited, 1), timeout=self.deadlock,
-              global_step=self.step, by=self.rank)
+              global_step=self.step, by=self.rank, broken=breaking)
         say(f"dsim: hang watch: every process of the job has waited {waited:.0f} s or more in a collective or a "
             f"receive, none frozen, none computing: a deadlock (step {self.step}, tft.deadlock_timeout "
-            f"{self.deadlock:g} s); each prints its stacks (SIGUSR1), then the job is ended (exit status 1): "
-            f"resume from the last checkpoint")
+            f"{self.deadlock:g} s); each prints its stacks (SIGUSR1), then "
+            + ("the job's communicators are revoked: every rank goes on as after a failure" if breaking else
+               "the job is ended (exit status 1): resume from the last checkpoint"))
         others = [r for r in world if r["pid"] != os.getpid()]
         _signal([r for r in others if r.get("role") != "spare"], signal.SIGUSR1)  # (an idle spare's tell nothing)
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(1.0)  # a second to print them
+        if breaking:
+            broke_at = time.time()
+            claim(self.dir, {"pid": "deadlock", "started": job})  # the mark: every watch joins the break (_join_break)
+            return self._break(world, broke_at)
         _signal(others, signal.SIGSTOP)  # then none moves: nobody begins a last gasp as the others die
         for r in others:
             _kill(self.dir, r)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
+
+    def _can_break(self) -> bool:
+        """Whether a deadlock would be broken (under ULFM, training) rather than end the job."""
+        from . import ulfm
+        return getattr(self.model, "groups", None) is not None and ulfm.unavailable_reason() is None
+
+    def _join_break(self) -> None:
+        """Every watch whose rank has waited long (half the deadlock timeout) looks for a deadlock's break (its
+        mark): then it revokes its rank's communicators once. Each rank's, since a revoke reaches only the ranks
+        waiting on the communicator revoked, and a rank may wait on one whose other members all wait elsewhere
+        (a data-parallel pair whose peer waits for nothing)."""
+        waited = progress.waiting_for(time.monotonic())
+        if waited is None or not self.deadlock or waited < self.deadlock / 2 or self.model is None:
+            return
+        mark = next(iter(self.dir.glob("killed-deadlock-*")), None)
+        if mark is not None and mark.name != self._broken:
+            from . import ulfm
+            ulfm.revoke_groups(self.model.groups)
+            self._broken, self._revoked_at = mark.name, time.time()
+
+    def _break(self, world: list, t: float) -> None:
+        """Revoke this rank's communicators (the world and its groups): every rank waiting on one of the job's
+        communicators gets an error there, as after a death, and every watch revokes its own rank's (_join_break:
+        a revoke reaches only those waiting on the communicator revoked). Then, once every process has beaten
+        since, kill (as failed ranks) those still in a wait they began before the revoke: waiting elsewhere (a
+        receive on another communicator), nothing but their death ends it. `t`: when the break was marked (the
+        other watches may have revoked theirs since, as this one slept)."""
+        self._join_break()
+        pids = {r["pid"] for r in world if r.get("role") != "spare"}
+        beats = {}
+        while time.time() < t + BREAK_WAIT:
+            time.sleep(HEARTBEAT / 2)
+            self._beat(time.time())  # (this thread beats for its process)
+            beats = {r["pid"]: r for r in heartbeats(self.dir) if r["pid"] in pids and settled(r, t)}
+            if len(beats) == len(pids):
+                break
+        for record in still_waiting(list(beats.values()), t):
+            if _kill(self.dir, record):
+                event("hang", any_rank=True, rank=record["rank"], how="deadlocked", global_step=self.step,
+                      by=self.rank, timeout=self.deadlock)
+                say(f"dsim: hang watch: {_who(record)} still waits after the revoke (not on the job's "
+                    "communicators): killed (SIGKILL)" + (", as a failed rank" if record["rank"] is not None else ""))
 
     def _report(self, record: dict, now: float, how: str) -> None:
         if how == "frozen":
@@ -244,6 +316,37 @@ def deadlocked(world: list, now: float, timeout: float) -> Optional[float]:
         return None
     waited = min(w + now - r["time"] for w, r in zip(waits, members))
     return waited if waited > timeout else None
+
+
+def broke_deadlock() -> bool:
+    """Whether this process's watch (any rank's) broke a deadlock of this job: its mark is there (rank 0 removes it
+    at the start of a job and after a repair in the job). The failure handling then saves a last gasp even if
+    every rank is alive (dsim.ft.last_gasp)."""
+    return _running is not None and any(_running.dir.glob("killed-deadlock-*"))
+
+
+def _wait_began(record: dict) -> Optional[float]:
+    """When the wait a heartbeat record shows began (time.time(); its beat's time less the wait, rounded to 0.1 s
+    in the record); None: not waiting."""
+    return None if record.get("waiting") is None else record["time"] - record["waiting"]
+
+
+def settled(record: dict, revoked_at: float) -> bool:
+    """Whether a heartbeat tells how its process came out of a deadlock's break begun at `revoked_at`: beaten a
+    second after it, and either out of the wait it was in then (a wait on the job's communicators ends with a
+    revoke of them, and the next, the shrink, begins after), or a second after its own watch revoked its rank's
+    communicators (its `revoked`: a rank whose wait is on them only then learns)."""
+    if record["time"] < revoked_at + 1.0:
+        return False
+    began = _wait_began(record)
+    return began is None or began > revoked_at - 0.25 or (record.get("revoked") or 0) >= revoked_at - BREAK_WAIT \
+        and record["time"] > record["revoked"] + 1.0
+
+
+def still_waiting(records: list, revoked_at: float) -> list:
+    """The settled heartbeat records of processes still in a wait they began before the break: waiting elsewhere
+    than on the job's communicators (a receive on another), which nothing but their death ends."""
+    return [r for r in records if (_wait_began(r) or revoked_at) < revoked_at - 0.25]
 
 
 def _signal(records: list, sig) -> None:
@@ -375,11 +478,13 @@ def claim(directory, record: dict) -> bool:
     return first(directory, f"killed-{record['pid']}-{record['started']}")
 
 
-def killed_since(directory, since: float) -> bool:
-    """Whether a watch killed a frozen process at or after `since` (its claim's time)."""
+def killed_since(directory, since: float, horizon: float) -> bool:
+    """Whether a watch killed a frozen process at or after `since` (its claim's time), less than `horizon`
+    seconds ago (a death that ended nothing since is no reason to wait)."""
+    now = time.time()
     for path in Path(directory).glob("killed-*"):
         try:
-            if path.stat().st_mtime >= since - 1:
+            if since - 1 <= path.stat().st_mtime and now - path.stat().st_mtime < horizon:
                 return True
         except OSError:
             continue
@@ -390,7 +495,7 @@ def forget_the_dead(directory) -> None:
     """Remove the heartbeats (and kill marks) of processes that no longer run: a job's start, after a restart."""
     for path in Path(directory).iterdir():
         try:
-            if path.name.startswith(("killed-deadlock-", "said-")):  # a deadlock's mark; a waiting line's
+            if path.name.startswith(("killed-deadlock-", "breaking-deadlock-", "ended-deadlock-", "said-")):
                 path.unlink(missing_ok=True)
                 continue
             if path.name.startswith("killed-"):

@@ -17,6 +17,8 @@ gradients every replica may carry it, so nothing is saved (the last periodic che
 it was saved); without it, a damaged last gasp would be the newest checkpoint, resumed and rolled back to.
 A failure during steps 3-5 starts again from 2 with those still alive; a slice nobody alive holds means no
 checkpoint at all (nothing partial is ever committed), and resume falls back to the last periodic one.
+After the hang watch broke a deadlock (dsim.ft.hang: it revoked the communicators), every rank may be alive and
+whole: the last gasp is saved all the same, each rank writing its own file.
 """
 from __future__ import annotations
 
@@ -90,6 +92,7 @@ class Survey:
     offers: dict          # living rank -> the steps whose owned state it holds (none after a UCE)
     damaged: list         # living ranks that offer nothing: their memory failed
     first_noticed: float  # when the first of them noticed the fault (time.time())
+    deadlock: bool = False  # the hang watch broke a deadlock (dsim.ft.hang): a fault, if nobody died
 
     def plan(self, sets) -> Plan:
         return plan({r: steps for r, steps in self.offers.items() if steps}, sets)
@@ -97,10 +100,12 @@ class Survey:
 
 def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
     """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
+    from .hang import broke_deadlock
     with progress.waiting():
-        reports = comm.allgather((me, sorted(states), noticed_at))
-    offers = {r: set(steps) for r, steps, _ in reports}
-    return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t in reports))
+        reports = comm.allgather((me, sorted(states), noticed_at, broke_deadlock()))
+    offers = {r: set(steps) for r, steps, _, _ in reports}
+    return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t, _ in reports),
+                  any(b for *_, b in reports))
 
 
 @dataclass
@@ -119,13 +124,14 @@ class Outcome:
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
     existing: bool = False  # the step's last gasp was committed before (by the job that failed before this one)
+    deadlock: bool = False  # after the hang watch broke a deadlock (every rank may be alive)
     lead: bool = False     # this rank reports it (the lowest living rank)
 
     def message(self) -> str:
         who = "; ".join(
             ([f"rank(s) {', '.join(map(str, self.failed))} failed"] if self.failed else []) +
             ([f"rank(s) {', '.join(map(str, self.damaged))} had an uncorrectable memory error (UCE)"]
-             if self.damaged else []))
+             if self.damaged else [])) or "a deadlock was broken, every rank alive"
         if self.corrupt:
             from .sdc import describe
             return (f"{who}; no last-gasp checkpoint: {describe(self.corrupt)} (silent data corruption since the "
@@ -169,8 +175,10 @@ def without_checkpoint(run, damaged: bool) -> Outcome:
     revoke_groups(run.groups)
     comm, failed = shrink(run.groups.world)
     me = run.groups.world.rank
-    hit = sorted(r for r, d in comm.allgather((me, bool(damaged))) if d)
-    return Outcome(failed, hit, survivors=comm.size, lead=comm.rank == 0)
+    from .hang import broke_deadlock
+    reports = comm.allgather((me, bool(damaged), broke_deadlock()))
+    return Outcome(failed, sorted(r for r, d, _ in reports if d), survivors=comm.size, lead=comm.rank == 0,
+                   deadlock=any(b for *_, b in reports))
 
 
 def save(run, noticed_at: float) -> Outcome:
@@ -197,7 +205,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     me = run.groups.world.rank
     seen = survey(comm, me, states, noticed_at)
     damaged = seen.damaged
-    if not failed and not damaged:  # everyone alive and whole: an MPI error of another kind
+    if not failed and not damaged and not seen.deadlock:  # everyone alive and whole: an MPI error of another kind
         return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
     p = seen.plan(sets)
     corrupt = compare_replicas(run, comm, me, states, sets, p.step) if p.step is not None else []
@@ -206,11 +214,12 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         if comm.rank == 0:
             event("sdc", any_rank=True, global_step=p.step, found=corrupt, at="last_gasp")
             event("last_gasp_lost", any_rank=True, failed=failed, lost=[f["holders"] for f in corrupt])
-        return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0)
+        return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0,
+                       deadlock=seen.deadlock)
     if p.step is None:
         agree(comm, 1)  # nothing is written: just agree that all know
         out = Outcome(failed, damaged, lost=p.lost, stages=lost_stages(run, p.lost), survivors=comm.size,
-                      lead=comm.rank == 0)
+                      lead=comm.rank == 0, deadlock=seen.deadlock)
         if comm.rank == 0:
             event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
         return out
@@ -224,7 +233,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         # committer died after committing): never overwrite it
         agree(comm, 1)
         return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0,
-                       existing=True)
+                       deadlock=seen.deadlock, existing=True)
     ok, error = 1, None
     try:
         for rank, writer in sorted(p.writers.items()):
@@ -247,7 +256,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
-                  lead=comm.rank == 0, unverified=unverified)
+                  lead=comm.rank == 0, unverified=unverified, deadlock=seen.deadlock)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
               directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed,

@@ -57,7 +57,7 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
-    if not out.failed and not out.damaged:  # every rank is alive and whole: an MPI error of another kind
+    if not out.failed and not out.damaged and not out.deadlock:  # all alive and whole: an MPI error of another kind
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
         if isinstance(error, RepairInterrupted):
