@@ -166,6 +166,7 @@ def _train(run, step: int, joining) -> int:
     from .checkpoint.saver import SaveError
     from .ft.inprocess import CannotRepair
     from .ft.sdc import SilentCorruption
+    from .ft import ulfm
     from .ft.tft import handle_process_failure, leave
     cfg = run.cfg
     try:
@@ -186,6 +187,10 @@ def _train(run, step: int, joining) -> int:
             leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
     except (MPI.Exception, UCEError, CannotRepair) as e:
+        return handle_process_failure(run, e)
+    except Exception as e:
+        if not ulfm.cut_short(e):  # a bug: guard.run says it (one line, and the traceback in the run's log)
+            raise
         return handle_process_failure(run, e)
     stop = run.stop_on_signal
     return 128 + stop.stopped if stop is not None and stop.stopped else 0  # stopped on a notice: as ended by it

@@ -91,6 +91,20 @@ def test_a_deadlock_is_broken_the_rank_waiting_elsewhere_killed_and_the_last_gas
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+def test_without_mpi_fault_tolerance_a_deadlock_ends_the_job_with_every_ranks_stacks(tmp_path):
+    """Launched without ULFM (plain mpirun) nothing can be revoked: the first watch to see the deadlock ends the job,
+    as NCCL's watchdog does, every process's stacks printed first; a restart resumes from the last checkpoint."""
+    opts = ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.deadlock_timeout=6"]
+    crash = mpirun(8, [*opts, *fault("deadlock", 3, "forward", 13)], cwd=tmp_path, timeout=120)
+    assert crash.returncode != 0, crash.stderr
+    assert re.search(r"a deadlock \(step 13, tft.deadlock_timeout 6 s\); each prints its stacks \(SIGUSR1\), then the "
+                     r"job is ended \(exit status 1\): resume from the last checkpoint", crash.stdout), crash.stdout
+    assert "(all waiting for 6 s: a deadlock, the job is ended)" in crash.stdout or "has gone on" not in crash.stdout
+    assert crash.stderr.count("in wait_for_nothing") == 1, crash.stderr
+    deadlock, = events(tmp_path, "deadlock")
+    assert deadlock["ranks"] == list(range(8)) and not deadlock["broken"]
+
+
 def test_a_deadlock_is_broken_and_healed_in_the_job_while_ranks_poll_their_collectives(ft_reference, tmp_path):
     """With tft.uce (in-place repair) and tft.arf the ranks poll the step's first data-parallel collective, checking
     for a damaged replica's request at each poll: still a wait (found first in a campaign, where arf's jobs were
@@ -141,6 +155,32 @@ def test_an_unmatched_receive_on_the_world_is_broken_with_every_rank_alive_and_t
 
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
     assert LOSS.findall(proc.stdout) == ref_losses[13:]  # from the last gasp of step 13: steps 14..20, bit for bit
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
+def test_an_unmatched_receive_is_repaired_in_the_job_and_the_same_job_deadlocking_again_is_ended(ft_reference,
+                                                                                                   tmp_path):
+    """Under tft.arf, a break that leaves every rank alive is repaired in the job: rank 3, torn half-way through
+    step 13's update, takes step 13 from rank 7, and training goes on, bit-identical. Rank 5 then deadlocks the
+    same way in step 17: a job that deadlocks again after going on so is ended (a deterministic deadlock would
+    be broken and repaired for ever), and resumes from its periodic checkpoint of step 14, bit-identical."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true", *WATCH, "--set", "tft.deadlock_timeout=6"]
+    twice = ["--set", "fault.kind=unmatched", "--set", "fault.rank=[3,5]", "--set", "fault.step=[13,17]",
+             "--set", "fault.at=update"]
+    crash = mpirun(8, [*opts, *twice], cwd=tmp_path, timeout=150, ft=True)
+    assert crash.returncode == 1, crash.stderr
+    assert ("dsim: deadlock: a deadlock was broken, every rank alive; repaired in the job: rank 3 from rank 7 (group "
+            "info [3, 7]); training goes on after step 13" in crash.stdout), crash.stdout
+    assert "then the job is ended (exit status 1)" in crash.stdout and "still waits" not in crash.stdout
+    first, second = events(tmp_path, "deadlock")
+    assert first["broken"] and not second["broken"] and second["global_step"] >= 17
+    repair, = events(tmp_path, "deadlock_repair")
+    assert repair["donors"] == {"3": 7} and repair["global_step"] == 13 and repair["failed"] == []
+    assert redone_once(LOSS.findall(crash.stdout))[:16] == ref_losses[:16]  # steps 1..16, on through the repair
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[14:]  # from the checkpoint of step 14: steps 15..20
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 

@@ -491,6 +491,7 @@ def test_a_pickled_collective_cut_short_by_a_death_is_a_fault_the_repair_handles
 
     from mpi4py import MPI
 
+    from dsim.ft import ulfm
     from dsim.ft.inprocess import InProcessRecovery
     data = pickle.dumps((None, "local", 1234))
     for cut in (data[:-3], b"\xb0" + data[1:]):  # "pickle data was truncated", "invalid load key, '\xb0'"
@@ -500,5 +501,6 @@ def test_a_pickled_collective_cut_short_by_a_death_is_a_fault_the_repair_handles
         recovery = InProcessRecovery(SimpleNamespace(cfg=SimpleNamespace(tft=TFTConfig())))
         assert recovery.handles(garbage.value) and recovery.handles(MPI.Exception(MPI.ERR_PROC_FAILED))
         assert not recovery.handles(ValueError("a bug"))
+        assert ulfm.cut_short(garbage.value) and not ulfm.cut_short(ValueError("a bug"))  # (the last gasp's too)
         monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "0")
-        assert not recovery.handles(garbage.value)
+        assert not recovery.handles(garbage.value) and not ulfm.cut_short(garbage.value)

@@ -279,6 +279,27 @@ def test_a_kill_is_no_reason_to_wait_once_it_ended_nothing(tmp_path):
     assert not killed_since(tmp_path, now - 30, 10) and killed_since(tmp_path, now - 30, 60)
 
 
+def test_a_job_that_went_on_alive_after_a_break_is_ended_at_its_next_deadlock(tmp_path, monkeypatch):
+    """The mark of a break that left every rank alive (a repair in place followed) stays through the repair's
+    forgetting of the dead, so the job's next deadlock ends it; a new job (a restart) forgets it."""
+    import dsim.ft.hang as hang
+    from dsim.ft import ulfm
+    monkeypatch.setattr(ulfm, "unavailable_reason", lambda: None)
+    watch = HangWatch(3, tmp_path)
+    watch.dir.mkdir()
+    watch.model = type("Model", (), {"groups": object()})()
+    assert watch._can_break()
+    monkeypatch.setattr(hang, "_running", watch)
+    hang.went_on_alive()
+    assert not watch._can_break()
+    forget_the_dead(watch.dir)                  # after a repair in the job
+    assert not watch._can_break()
+    forget_the_dead(watch.dir, starting=True)   # a job's start
+    assert watch._can_break()
+    monkeypatch.setattr(ulfm, "unavailable_reason", lambda: "no ULFM")
+    assert not watch._can_break()
+
+
 def test_a_rank_polling_its_collective_is_still_waiting():
     """With in-place UCE repair a rank polls its collective (check_revoked, a tick each time): still a wait with no
     progress, as a deadlock needs (a campaign's arf job went undetected before); outside waits a tick is progress."""

@@ -63,6 +63,7 @@ from .straggler import StragglerJudge
 HEARTBEAT = 0.5  # seconds between two heartbeats
 DEADLOCK_FACTOR = 10  # tft.deadlock_timeout's default, times tft.hang_timeout
 BREAK_WAIT = 10.0  # seconds a deadlock's break waits for every process to beat after its revoke
+ALIVE = "deadlock-broken-alive"  # a job went on in place after a break with every rank alive: the next is ended
 RECORD = 512     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
 _standby = None  # its heartbeat before it trains: a waiting spare, a newcomer joining (standby_heartbeat)
@@ -106,7 +107,7 @@ class HangWatch(Callback):
         self.rank, self.world_size, self.stage_size = rank, world_size, stage_size
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
-            forget_the_dead(self.dir)
+            forget_the_dead(self.dir, starting=True)
         self._fd = os.open(self.dir / str(os.getpid()), os.O_CREAT | os.O_WRONLY, 0o644)
         self._started = started(os.getpid())
         self._beat(time.time())
@@ -246,9 +247,11 @@ class HangWatch(Callback):
         os._exit(1)
 
     def _can_break(self) -> bool:
-        """Whether a deadlock would be broken (under ULFM, training) rather than end the job."""
+        """Whether a deadlock would be broken (under ULFM, training) rather than end the job: not when this job went
+    on in place after a break that left every rank alive (went_on_alive): the same deadlock may well come again."""
         from . import ulfm
-        return getattr(self.model, "groups", None) is not None and ulfm.unavailable_reason() is None
+        return (getattr(self.model, "groups", None) is not None and ulfm.unavailable_reason() is None
+                and not (self.dir / ALIVE).exists())
 
     def _join_break(self) -> None:
         """Every watch whose rank has waited long (half the deadlock timeout) looks for a deadlock's break (its
@@ -341,6 +344,13 @@ def settled(record: dict, revoked_at: float) -> bool:
     began = _wait_began(record)
     return began is None or began > revoked_at - 0.25 or (record.get("revoked") or 0) >= revoked_at - BREAK_WAIT \
         and record["time"] > record["revoked"] + 1.0
+
+
+def went_on_alive() -> None:
+    """A repair in the job went on after a deadlock's break with every rank alive (dsim.ft.inprocess): mark it, so
+    that a deadlock of this job again ends it (a deterministic one would be broken and repaired for ever)."""
+    if _running is not None:
+        first(_running.dir, ALIVE)
 
 
 def still_waiting(records: list, revoked_at: float) -> list:
@@ -491,10 +501,15 @@ def killed_since(directory, since: float, horizon: float) -> bool:
     return False
 
 
-def forget_the_dead(directory) -> None:
-    """Remove the heartbeats (and kill marks) of processes that no longer run: a job's start, after a restart."""
+def forget_the_dead(directory, starting: bool = False) -> None:
+    """Remove the heartbeats (and kill marks) of processes that no longer run: a job's start (`starting`: then the
+    mark of a break that left every rank alive too), after a restart or a repair in the job."""
     for path in Path(directory).iterdir():
         try:
+            if path.name == ALIVE:
+                if starting:
+                    path.unlink(missing_ok=True)
+                continue
             if path.name.startswith(("killed-deadlock-", "breaking-deadlock-", "ended-deadlock-", "said-")):
                 path.unlink(missing_ok=True)
                 continue

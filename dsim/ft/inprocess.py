@@ -20,7 +20,6 @@ On every rank, at the first MPI call that fails (or the UCE itself):
 """
 from __future__ import annotations
 
-import pickle
 import time
 
 import numpy as np
@@ -35,6 +34,7 @@ from ..parallel import progress
 from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError
 from . import elastic, spares as warm, ulfm
+from .hang import went_on_alive
 from .in_place import InPlace
 from .last_gasp import survey, unverified_sets
 from .sdc import not_compared
@@ -87,13 +87,11 @@ class InProcessRecovery:
         return self.in_place.serve if self.in_place is not None and self.in_place.armed() else None
 
     def handles(self, exc) -> bool:
-        """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM. A pickled
-        collective (mpi4py's allgather, bcast) that a rank's death cut short may also return success with that
-        rank's part truncated: its unpickling fails (seen in CI: a straggler killed inside a save's all-gather, four
-        ranks with "pickle data was truncated" or "invalid load key" crashed instead of joining the repair). With
-        nobody dead, the repair raises it again as it was (recover: not a fault to repair)."""
-        return (isinstance(exc, (UCEError, MPI.Exception, FailedAtTheEnd, pickle.UnpicklingError))
-                and ulfm.unavailable_reason() is None)
+        """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM, and a
+        pickled collective that a death cut short (ulfm.cut_short: before, four ranks crashed in CI instead of
+        joining the repair). With nobody dead, the repair raises it again as it was (not a fault to repair)."""
+        return (isinstance(exc, (UCEError, MPI.Exception, FailedAtTheEnd)) and ulfm.unavailable_reason() is None
+                or ulfm.cut_short(exc))
 
     def leave(self) -> None:
         """Training ended on this rank (the loop and the `finishing` hooks): every living rank agrees before any
@@ -138,9 +136,9 @@ class InProcessRecovery:
             comm, failed = ulfm.shrink(old.world)
             seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a memory-failed rank offers nothing
         damaged, t_fault = seen.damaged, seen.first_noticed
-        if not failed and not damaged:
+        if not failed and not damaged and not seen.deadlock:
             raise exc  # an MPI error with every rank alive and whole: not a fault to repair
-        what = describe(failed, damaged)
+        what = describe(failed, damaged) or "a deadlock was broken, every rank alive"
         lead = comm.rank == 0
         if failed and not cfg.arf and not cfg.elastic:
             raise CannotRepair(f"{what}; replacing a dead process is off (tft.arf)", lead)
@@ -169,10 +167,12 @@ class InProcessRecovery:
             ulfm.revoke(comm)
             raise RepairInterrupted(what, failed)
         run.groups = run.model.groups = groups
-        self.pending = (t_fault, "heal" if failed else "uce", groups.world.rank == 0)
+        self.pending = (t_fault, "heal" if failed else "uce" if damaged else "deadlock", groups.world.rank == 0)
+        if not failed and not damaged:  # the same job deadlocking again is ended, not broken (dsim.ft.hang)
+            went_on_alive()
         if lead:  # the lowest survivor (a replacement may be rank 0 now)
             donors = ", ".join(f"rank {r} from rank {w} (group info {group_info(layout, r)})"
-                               for r, w in sorted(p.writers.items()) if w != r)
+                               for r, w in sorted(p.writers.items()) if w != r) or "every rank from its own state"
             size = f"; world size back to {world.size}" if failed else ""
             if filled is not None and filled.by_spare:
                 size += (f" (rank(s) {', '.join(map(str, filled.by_spare))} taken by a warm spare, "
@@ -181,7 +181,7 @@ class InProcessRecovery:
             say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; training goes on after "
                 f"step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)"
                 + (f"; {not_compared(alone)}" if alone else ""))
-            event("uce_repair" if damaged and not failed else "heal", any_rank=True, failed=failed, damaged=damaged,
+            event("heal" if failed else "uce_repair" if damaged else "deadlock_repair", any_rank=True, failed=failed, damaged=damaged,
                   global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
                   world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1),
                   **({"unverified": alone} if alone else {}),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 
 from ..engine.callbacks import Callback, event
 
@@ -44,10 +45,11 @@ def no_repair(reason: str, **fields) -> None:
 
 
 def on_process_failure(run, noticed_at: float, error) -> int:
-    """An MPI call failed under ULFM: if a rank died, save the last-gasp checkpoint when it is on; report; exit 1."""
+    """An MPI call failed under ULFM: if a rank died (or the hang watch broke a deadlock: dsim.ft.hang), save the
+    last-gasp checkpoint when it is on; report; exit 1."""
     from ..checkpoint.saver import abandon_in_flight
     from ..faults import UCEError
-    from . import last_gasp
+    from . import last_gasp, ulfm
     from .inprocess import RepairInterrupted
     note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
                              else "a rank failed")
@@ -58,6 +60,8 @@ def on_process_failure(run, noticed_at: float, error) -> int:
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
     if not out.failed and not out.damaged and not out.deadlock:  # all alive and whole: an MPI error of another kind
+        if ulfm.cut_short(error):  # or garbage that no death explains: a bug, its traceback
+            traceback.print_exception(error)
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
     elif out.lead:
         if isinstance(error, RepairInterrupted):
@@ -118,6 +122,7 @@ class TFTRegister(Callback):
         from mpi4py import MPI
 
         from ..faults import UCEError
+        from . import ulfm
         from .inprocess import CannotRepair, InProcessRecovery
         run = self.run_of(model, callbacks)
         if run.cfg.tft.uce and model.recovery is None:
@@ -125,6 +130,10 @@ class TFTRegister(Callback):
         try:
             return body()
         except (MPI.Exception, UCEError, CannotRepair) as e:
+            raise SystemExit(handle_process_failure(run, e)) from None
+        except Exception as e:
+            if not ulfm.cut_short(e):
+                raise
             raise SystemExit(handle_process_failure(run, e)) from None
 
 
