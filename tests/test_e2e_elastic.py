@@ -92,13 +92,18 @@ def test_a_uce_after_a_shrink_strikes_the_state_training_now(tmp_path, want):
                    ft=True, env={"DSIM_FAULT_PLAN": str(plan)})
     assert crash.returncode == 1
     assert "going on with 6 of 7 living ranks as dp=3 mp=2 k=1" in crash.stdout, crash.stdout
-    for rank in (0, 1):
-        assert f"dsim: fault: UCE: uncorrectable memory error on rank {rank} during the update of step 1" in crash.stdout
+    # rank 1's UCE may stop the redone step before rank 0 gets to its update: rank 1's failure handling revokes the
+    # communicators it shares with rank 0 (their model-parallel pair), and rank 0, on 2 oversubscribed cores, may
+    # still be inside the step's last collective with it (seen once in a full e2e run: rank 1's UCE alone, all
+    # else as here). Either way a UCE struck the optimizer training now, which the survivors found damaged.
+    both = "dsim: fault: UCE: uncorrectable memory error on rank 0 during the update of step 1" in crash.stdout
+    assert "dsim: fault: UCE: uncorrectable memory error on rank 1 during the update of step 1" in crash.stdout
     marker = json.loads(Path(f"{plan}.fired/2").read_text())
     assert (marker["rank"], marker["planned_rank"], marker["global_step"]) == (1, 7, 1)
     errors = error_lines(crash)
     assert len(errors) == 1 and re.fullmatch(
-        r"dsim: error: rank\(s\) 0, 1 had an uncorrectable memory error \(UCE\); last-gasp checkpoint ttp-1_1 \(global "
+        rf"dsim: error: rank\(s\) {'0, ' if both else ''}1 had an uncorrectable memory error \(UCE\); last-gasp "
+        r"checkpoint ttp-1_1 \(global "
         r"step 1\) committed in run/checkpoints/ttp_checkpoints/tft_saved_checkpoints-step_1 by 6 survivors, \d+ ms "
         r"after the failure was noticed; resume \(--resume auto\) continues at step 2", errors[0]), crash.stderr
     resumed = mpirun(8, [*RUN, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
