@@ -679,7 +679,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("faults, timeout", [("kill", None), ("hang", 4.0), ("kill,stuck", 4.0), ("deadlock", 4.0)])
+@pytest.mark.parametrize("faults, timeout", [("kill", None), ("hang", 4.0), ("kill,stuck", 4.0), ("deadlock", 4.0),
+                                            ("unmatched", 4.0)])
 def test_frozen_and_stuck_failures_arm_every_jobs_hang_watch(tmp_path, faults, timeout):
     from dsim.campaign.__main__ import parse_args, settings_from
     settings, _ = settings_from(parse_args(["--faults", faults, "--hang-timeout", "4s", "-o", str(tmp_path / "out")]))

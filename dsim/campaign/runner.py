@@ -61,7 +61,7 @@ class Settings:
     ranks: int = 8
     max_spares: int = 2
     ranks_per_node: int = 4  # the ranks a `node` failure kills together
-    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with `hang`, `stuck` or `deadlock` failures)
+    hang_timeout: Optional[float] = None  # tft.hang_timeout of every job (with hang, stuck, deadlock, unmatched failures)
     sdc_check_every: Optional[int] = None  # tft.sdc_check_every of every job (with `sdc` failures)
     node_mtbf: Optional[float] = None  # per-node MTBF of the what-if at scale (None: rank failures only)
     straggler_factor: Optional[float] = None  # tft.straggler_factor (and evict) of every job (with `slow` failures)
