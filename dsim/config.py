@@ -138,7 +138,7 @@ class TFTConfig:
     spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
     elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
     hang_timeout: Optional[float] = None     # seconds a frozen or stuck rank is waited for, then killed (dsim.ft.hang)
-    deadlock_timeout: Optional[float] = None  # seconds every rank may wait, none progressing, before the job is ended
+    deadlock_timeout: Optional[float] = None  # seconds every rank may wait, none progressing, before it is broken
                                              # as deadlocked (default: 10 x hang_timeout; needs hang_timeout)
     straggler_factor: Optional[float] = None  # a rank computing its steps this many times slower than the median is a straggler
     straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place)
