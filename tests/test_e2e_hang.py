@@ -184,6 +184,37 @@ def test_an_unmatched_receive_is_repaired_in_the_job_and_the_same_job_deadlockin
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
+def test_a_rank_stuck_during_a_repair_is_killed_by_the_deadlocks_break_then_the_last_gasp(ft_reference, tmp_path):
+    """A repair in the job is watched as one wait, so a rank stuck in it (its process runs, its repair does not) is
+    not judged stuck: the others wait for it in the repair's collectives, on the communicator of the living its
+    shrink made, and all wait. The deadlock's break revokes that one too: the others come out, rank 5 does not and
+    is killed, and the repair falls back to the last gasp of step 12, from which the resume is bit-identical. (A
+    fault plan: rank 3 killed in step 13's forward, rank 5 stuck at the first point it reaches after, the repair.)"""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": [
+        {"time": 0, "rank": 3, "kind": "kill", "at": "forward", "step": 13},
+        {"time": 0, "rank": 5, "kind": "stuck", "at": "update", "step": 13}]}))
+    opts = ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true", *WATCH, "--set", "tft.deadlock_timeout=6"]
+    crash = mpirun(8, [*opts, "--set", "fault.kind=plan"], cwd=tmp_path, timeout=120, ft=True,
+                   env={"DSIM_FAULT_PLAN": str(plan)})
+    assert crash.returncode == 1, crash.stderr
+    assert ("dsim: fault: rank 5 is stuck (its training stops, its process runs) during a repair in the job, before "
+            "the dead rank's place is filled" in crash.stdout), crash.stdout
+    assert re.search(r"rank 5 \(pid \d+\) still waits after the revoke", crash.stdout), crash.stdout
+    assert crash.stdout.count("still waits after") == 1
+    hang, = events(tmp_path, "hang")
+    assert (hang["rank"], hang["how"]) == (5, "deadlocked")
+    assert "dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 5 died during the repair" in crash.stderr
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 3, 5 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+
+    proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
+    assert LOSS.findall(proc.stdout) == ref_losses[12:]
+    final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
+
+
 @pytest.mark.parametrize("at, where, work, saved", [
     ("allreduce", "during the allreduce of step 13", "step", 12),
     # a callback that never returns (between steps: before, outside all work watched, so the job waited for ever)

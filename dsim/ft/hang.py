@@ -239,6 +239,10 @@ class HangWatch(Callback):
             broke_at = time.time()
             claim(self.dir, {"pid": "deadlock", "started": job})  # the mark: every watch joins the break (_join_break)
             return self._break(world, broke_at)
+        self._end_job(others)
+
+    def _end_job(self, others: list) -> None:
+        """Stop and kill the other processes of the job, then exit 1."""
         _signal(others, signal.SIGSTOP)  # then none moves: nobody begins a last gasp as the others die
         for r in others:
             _kill(self.dir, r)
@@ -264,7 +268,7 @@ class HangWatch(Callback):
         mark = next(iter(self.dir.glob("killed-deadlock-*")), None)
         if mark is not None and mark.name != self._broken:
             from . import ulfm
-            ulfm.revoke_groups(self.model.groups)
+            ulfm.revoke_all(self.model.groups)
             self._broken, self._revoked_at = mark.name, time.time()
 
     def _break(self, world: list, t: float) -> None:
@@ -283,12 +287,22 @@ class HangWatch(Callback):
             beats = {r["pid"]: r for r in heartbeats(self.dir) if r["pid"] in pids and settled(r, t)}
             if len(beats) == len(pids):
                 break
-        for record in still_waiting(list(beats.values()), t):
-            if _kill(self.dir, record):
+        still = sorted(still_waiting(list(beats.values()), t), key=lambda r: r["pid"] == os.getpid())  # (self last)
+        if len(beats) == len(pids) and len(still) == len(pids):  # the revoke freed nobody: no one to tell apart
+            say("dsim: hang watch: every process still waits after the revoke (on communicators it did not reach): "
+                "the job is ended (exit status 1): resume from the last checkpoint")
+            event("deadlock", any_rank=True, ranks=sorted(r["rank"] for r in world if r["rank"] is not None),
+                  timeout=self.deadlock, global_step=self.step, by=self.rank, broken=False)
+            return self._end_job([r for r in world if r["pid"] != os.getpid()])
+        for record in still:
+            mine = record["pid"] == os.getpid()  # (its own process: said first, as nothing follows its kill)
+            if mine or _kill(self.dir, record):
                 event("hang", any_rank=True, rank=record["rank"], how="deadlocked", global_step=self.step,
                       by=self.rank, timeout=self.deadlock)
                 say(f"dsim: hang watch: {_who(record)} still waits after the revoke (not on the job's "
                     "communicators): killed (SIGKILL)" + (", as a failed rank" if record["rank"] is not None else ""))
+            if mine:
+                _kill(self.dir, record)
 
     def _report(self, record: dict, now: float, how: str) -> None:
         if how == "frozen":

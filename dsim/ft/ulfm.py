@@ -49,6 +49,17 @@ def revoke_groups(groups) -> None:
     revoke(groups.world, groups.dp, groups.mp, groups.shard)
 
 
+_shrunk = None  # the communicator of the living that this process's last shrink made (a repair's, a last gasp's)
+
+
+def revoke_all(groups) -> None:
+    """Revoke a run's communicators and the last one a shrink made here: a failure's handling (a repair, a last
+    gasp) runs its collectives on that one (a deadlock's break: dsim.ft.hang)."""
+    revoke_groups(groups)
+    if _shrunk is not None:
+        revoke(_shrunk)
+
+
 def agree(comm, flag: int) -> int:
     """comm.Agree(flag): the AND of every living rank's flag, the same answer on each even through failures
     (MPI_Comm_agree). Marked as a wait: the hang watch tells a rank waiting here from a stuck one."""
@@ -66,9 +77,10 @@ def shrink(world, retries: int = 5):
 
     Shrink is fault tolerant itself; it is retried if a failure interrupts it.
     """
+    global _shrunk
     for attempt in range(retries):
         try:
-            comm = world.Shrink()
+            comm = _shrunk = world.Shrink()
             living = set(world_ranks(comm, world))
             return comm, sorted(set(range(world.size)) - living)
         except MPI.Exception:
