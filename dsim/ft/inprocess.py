@@ -181,8 +181,8 @@ class InProcessRecovery:
             say(f"dsim: {self.pending[1]}: {what}; repaired in the job: {donors}{size}; training goes on after "
                 f"step {p.step} (repair took {1000 * (time.time() - t0):.0f} ms)"
                 + (f"; {not_compared(alone)}" if alone else ""))
-            event("heal" if failed else "uce_repair" if damaged else "deadlock_repair", any_rank=True, failed=failed, damaged=damaged,
-                  global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
+            event("heal" if failed else "uce_repair" if damaged else "deadlock_repair", any_rank=True, failed=failed,
+                  damaged=damaged, global_step=p.step, donors={str(r): w for r, w in p.writers.items() if w != r},
                   world_size=world.size, repair_ms=round(1000 * (time.time() - t0), 1),
                   **({"unverified": alone} if alone else {}),
                   **({"by_spare": filled.by_spare, "spawned": filled.spawned, "spares_left": len(filled.pool.spares)}
