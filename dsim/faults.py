@@ -251,15 +251,10 @@ def wait_for_nothing(rank: int, where: str, world=None) -> None:
     ends it). The others wait for this rank in their next collective, and nobody computes (a deadlock, which
     tft.hang_timeout's watch breaks: dsim.ft.hang)."""
     from mpi4py import MPI
-    if world is None:
-        say(f"dsim: fault: rank {rank} waits for a message no rank sends {where}")
-    else:
-        say(f"dsim: fault: rank {rank} waits for a message no rank sends, on the job's world, {where}")
+    comm, source, on = (MPI.COMM_SELF, 0, "") if world is None else (world, MPI.ANY_SOURCE, ", on the job's world,")
+    say(f"dsim: fault: rank {rank} waits for a message no rank sends{on} {where}")
     with progress.waiting():
-        if world is None:
-            MPI.COMM_SELF.Recv(np.empty(1, np.uint8), source=0, tag=0xDEAD)
-        else:
-            world.Recv(np.empty(1, np.uint8), source=MPI.ANY_SOURCE, tag=0xDEAD)
+        comm.Recv(np.empty(1, np.uint8), source=source, tag=0xDEAD)
 
 
 def during_last_gasp(rank: int, global_step: int) -> None:

@@ -13,7 +13,7 @@ from . import guard
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DatasetError
-from .faults import InjectedFault, UCEError
+from .faults import InjectedFault
 from .parallel.layout import LayoutError
 from .writable import check_places
 
@@ -161,13 +161,9 @@ def train(run, step: int, joining=None) -> int:
 
 
 def _train(run, step: int, joining) -> int:
-    from mpi4py import MPI
-
     from .checkpoint.saver import SaveError
-    from .ft.inprocess import CannotRepair
     from .ft.sdc import SilentCorruption
-    from .ft import ulfm
-    from .ft.tft import handle_process_failure, leave
+    from .ft.tft import handle_process_failure, is_failure, leave
     cfg = run.cfg
     try:
         run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
@@ -186,10 +182,8 @@ def _train(run, step: int, joining) -> int:
         if isinstance(e, InjectedFault) and cfg.fault.rank is not None:
             leave(1)  # this rank alone crashed: the others must see it die, not wait for it in MPI_Finalize
         return 1
-    except (MPI.Exception, UCEError, CannotRepair) as e:
-        return handle_process_failure(run, e)
     except Exception as e:
-        if not ulfm.cut_short(e):  # a bug: guard.run says it (one line, and the traceback in the run's log)
+        if not is_failure(e):  # a bug: guard.run says it (one line, and the traceback in the run's log)
             raise
         return handle_process_failure(run, e)
     stop = run.stop_on_signal

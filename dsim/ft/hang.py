@@ -251,8 +251,8 @@ class HangWatch(Callback):
         os._exit(1)
 
     def _can_break(self) -> bool:
-        """Whether a deadlock would be broken (under ULFM, training) rather than end the job: not when this job went
-    on in place after a break that left every rank alive (went_on_alive): the same deadlock may well come again."""
+        """Whether a deadlock would be broken (under ULFM, training) rather than end the job: not when this job
+        went on in place after a break that left every rank alive (went_on_alive): the same one may come again."""
         from . import ulfm
         return (getattr(self.model, "groups", None) is not None and ulfm.unavailable_reason() is None
                 and not (self.dir / ALIVE).exists())
@@ -356,8 +356,9 @@ def settled(record: dict, revoked_at: float) -> bool:
     if record["time"] < revoked_at + 1.0:
         return False
     began = _wait_began(record)
-    return began is None or began > revoked_at - 0.25 or (record.get("revoked") or 0) >= revoked_at - BREAK_WAIT \
-        and record["time"] > record["revoked"] + 1.0
+    out_of_it = began is None or began > revoked_at - 0.25
+    revoked = record.get("revoked")
+    return out_of_it or (revoked is not None and revoked >= revoked_at - BREAK_WAIT and record["time"] > revoked + 1.0)
 
 
 def went_on_alive() -> None:
@@ -508,7 +509,8 @@ def killed_since(directory, since: float, horizon: float) -> bool:
     now = time.time()
     for path in Path(directory).glob("killed-*"):
         try:
-            if since - 1 <= path.stat().st_mtime and now - path.stat().st_mtime < horizon:
+            mtime = path.stat().st_mtime
+            if since - 1 <= mtime and now - mtime < horizon:
                 return True
         except OSError:
             continue

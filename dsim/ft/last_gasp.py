@@ -36,6 +36,7 @@ from ..checkpoint.group_info import group_info_attr, replica_sets
 from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
 from ..engine.callbacks import event
 from ..parallel import progress
+from .hang import broke_deadlock
 from .ulfm import agree, revoke, revoke_groups, shrink
 
 PREFIX = "ttp"
@@ -100,7 +101,6 @@ class Survey:
 
 def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
     """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
-    from .hang import broke_deadlock
     with progress.waiting():
         reports = comm.allgather((me, sorted(states), noticed_at, broke_deadlock()))
     offers = {r: set(steps) for r, steps, _, _ in reports}
@@ -124,7 +124,7 @@ class Outcome:
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
     existing: bool = False  # the step's last gasp was committed before (by the job that failed before this one)
-    deadlock: bool = False  # after the hang watch broke a deadlock (every rank may be alive)
+    other_error: bool = False  # every rank alive and whole, no deadlock broken: an MPI error of another kind
     lead: bool = False     # this rank reports it (the lowest living rank)
 
     def message(self) -> str:
@@ -175,10 +175,10 @@ def without_checkpoint(run, damaged: bool) -> Outcome:
     revoke_groups(run.groups)
     comm, failed = shrink(run.groups.world)
     me = run.groups.world.rank
-    from .hang import broke_deadlock
     reports = comm.allgather((me, bool(damaged), broke_deadlock()))
-    return Outcome(failed, sorted(r for r, d, _ in reports if d), survivors=comm.size, lead=comm.rank == 0,
-                   deadlock=any(b for *_, b in reports))
+    hit = sorted(r for r, d, _ in reports if d)
+    return Outcome(failed, hit, survivors=comm.size, lead=comm.rank == 0,
+                   other_error=not failed and not hit and not any(b for *_, b in reports))
 
 
 def save(run, noticed_at: float) -> Outcome:
@@ -206,7 +206,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     seen = survey(comm, me, states, noticed_at)
     damaged = seen.damaged
     if not failed and not damaged and not seen.deadlock:  # everyone alive and whole: an MPI error of another kind
-        return Outcome(failed, survivors=comm.size, lead=comm.rank == 0)
+        return Outcome(failed, survivors=comm.size, lead=comm.rank == 0, other_error=True)
     p = seen.plan(sets)
     corrupt = compare_replicas(run, comm, me, states, sets, p.step) if p.step is not None else []
     if corrupt:
@@ -214,12 +214,11 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         if comm.rank == 0:
             event("sdc", any_rank=True, global_step=p.step, found=corrupt, at="last_gasp")
             event("last_gasp_lost", any_rank=True, failed=failed, lost=[f["holders"] for f in corrupt])
-        return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0,
-                       deadlock=seen.deadlock)
+        return Outcome(failed, damaged, corrupt=corrupt, survivors=comm.size, lead=comm.rank == 0)
     if p.step is None:
         agree(comm, 1)  # nothing is written: just agree that all know
         out = Outcome(failed, damaged, lost=p.lost, stages=lost_stages(run, p.lost), survivors=comm.size,
-                      lead=comm.rank == 0, deadlock=seen.deadlock)
+                      lead=comm.rank == 0)
         if comm.rank == 0:
             event("last_gasp_lost", any_rank=True, failed=failed, lost=p.lost)
         return out
@@ -233,7 +232,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         # committer died after committing): never overwrite it
         agree(comm, 1)
         return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0,
-                       deadlock=seen.deadlock, existing=True)
+                       existing=True)
     ok, error = 1, None
     try:
         for rank, writer in sorted(p.writers.items()):
@@ -256,7 +255,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
-                  lead=comm.rank == 0, unverified=unverified, deadlock=seen.deadlock)
+                  lead=comm.rank == 0, unverified=unverified)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
               directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed,

@@ -37,6 +37,17 @@ def handle_process_failure(run, error) -> int:
     return on_process_failure(run, time.time(), error)
 
 
+def is_failure(exc) -> bool:
+    """A failure of the job's processes, which the last gasp handles: an MPI error (a dead rank, a revoke), a UCE, a
+    repair in the job that could not be made, or a pickled collective a death cut short (ulfm.cut_short)."""
+    from mpi4py import MPI
+
+    from ..faults import UCEError
+    from . import ulfm
+    from .inprocess import CannotRepair
+    return isinstance(exc, (MPI.Exception, UCEError, CannotRepair)) or ulfm.cut_short(exc)
+
+
 def no_repair(reason: str, **fields) -> None:
     """Said by one rank: the repair in the job is not made (why), and the last gasp follows; a no_repair event."""
     print(f"dsim: warning: no repair in the job: {reason}; falling back to the last-gasp checkpoint", file=sys.stderr,
@@ -59,7 +70,7 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
-    if not out.failed and not out.damaged and not out.deadlock:  # all alive and whole: an MPI error of another kind
+    if out.other_error:  # every rank alive and whole, no deadlock broken: an MPI error of another kind
         if ulfm.cut_short(error):  # or garbage that no death explains: a bug, its traceback
             traceback.print_exception(error)
         print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
@@ -119,20 +130,14 @@ class TFTRegister(Callback):
 
     def guard_training(self, model, body, callbacks):
         """Run Model.train's loop (body) with the faults handled as MindSpore's TFT does; exit 1 after a last gasp."""
-        from mpi4py import MPI
-
-        from ..faults import UCEError
-        from . import ulfm
-        from .inprocess import CannotRepair, InProcessRecovery
+        from .inprocess import InProcessRecovery
         run = self.run_of(model, callbacks)
         if run.cfg.tft.uce and model.recovery is None:
             model.recovery = InProcessRecovery(run)
         try:
             return body()
-        except (MPI.Exception, UCEError, CannotRepair) as e:
-            raise SystemExit(handle_process_failure(run, e)) from None
         except Exception as e:
-            if not ulfm.cut_short(e):
+            if not is_failure(e):
                 raise
             raise SystemExit(handle_process_failure(run, e)) from None
 
