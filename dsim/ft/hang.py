@@ -63,6 +63,9 @@ from .straggler import StragglerJudge
 HEARTBEAT = 0.5  # seconds between two heartbeats
 DEADLOCK_FACTOR = 10  # tft.deadlock_timeout's default, times tft.hang_timeout
 BREAK_WAIT = 10.0  # seconds a deadlock's break waits for every process to beat after its revoke
+# seconds after its own watch revoked its rank's communicators that a process still in its old wait is taken to be
+# waiting elsewhere: a second was too short once in a loaded run of the tests (ranks the revoke had freed killed)
+SETTLE = 3.0
 ALIVE = "deadlock-broken-alive"  # a job went on in place after a break with every rank alive: the next is ended
 RECORD = 512     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 _running = None  # this process's HangWatch while it trains
@@ -298,7 +301,8 @@ class HangWatch(Callback):
             mine = record["pid"] == os.getpid()  # (its own process: said first, as nothing follows its kill)
             if mine or _kill(self.dir, record):
                 event("hang", any_rank=True, rank=record["rank"], how="deadlocked", global_step=self.step,
-                      by=self.rank, timeout=self.deadlock)
+                      by=self.rank, timeout=self.deadlock, waiting=record["waiting"], revoked=record.get("revoked"),
+                      beat=record["time"], broken_at=t)
                 say(f"dsim: hang watch: {_who(record)} still waits after the revoke (not on the job's "
                     "communicators): killed (SIGKILL)" + (", as a failed rank" if record["rank"] is not None else ""))
             if mine:
@@ -351,14 +355,14 @@ def _wait_began(record: dict) -> Optional[float]:
 def settled(record: dict, revoked_at: float) -> bool:
     """Whether a heartbeat tells how its process came out of a deadlock's break begun at `revoked_at`: beaten a
     second after it, and either out of the wait it was in then (a wait on the job's communicators ends with a
-    revoke of them, and the next, the shrink, begins after), or a second after its own watch revoked its rank's
+    revoke of them, and the next, the shrink, begins after), or SETTLE seconds after its own watch revoked its rank's
     communicators (its `revoked`: a rank whose wait is on them only then learns)."""
     if record["time"] < revoked_at + 1.0:
         return False
     began = _wait_began(record)
     out_of_it = began is None or began > revoked_at - 0.25
     revoked = record.get("revoked")
-    return out_of_it or (revoked is not None and revoked >= revoked_at - BREAK_WAIT and record["time"] > revoked + 1.0)
+    return out_of_it or (revoked is not None and revoked >= revoked_at - BREAK_WAIT and record["time"] > revoked + SETTLE)
 
 
 def went_on_alive() -> None:
