@@ -38,6 +38,8 @@ tft.hang_timeout's watch kills it, and the others save without it).
 freezes it there (tft.hang_timeout's watch kills it): at `repair_at: refill` (the default) the survivors have
 agreed on the step and the dead rank's place is not filled yet, at `exchange` the new world is formed and the
 state has not moved. Either way the repair is given up on every living rank alike and the last gasp follows.
+`repair_stuck: R` makes rank R's repair stop there while its process runs: the others wait for it in the repair's
+collectives, a deadlock, which tft.deadlock_timeout's break ends (it kills R).
 Naming a dead rank, with `repair_at: exchange`, they strike the newcomer that takes its place (a warm spare or
 a spawned process) before the state moves. `spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
 that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.
@@ -121,13 +123,14 @@ class FaultInjector(Callback):
     def __init__(self, kind: str, rank=None, step: Optional[int] = None,
                  epoch: Optional[int] = None, at: str = "step_end", last_gasp_kill: Optional[int] = None,
                  slowdown: float = 4.0, last_gasp_stuck: Optional[int] = None, repair_kill: Optional[int] = None,
-                 repair_hang: Optional[int] = None, repair_at: str = "refill"):
+                 repair_hang: Optional[int] = None, repair_at: str = "refill", repair_stuck: Optional[int] = None):
         self.kind, self.epoch, self.at, self.slowdown = kind, epoch, at, slowdown
         self.ranks = None if rank is None else list(rank if isinstance(rank, list) else [rank])
         self.steps = step if isinstance(step, list) else None  # one step per rank
         self.step = None if self.steps else step
         self.last_gasp_kill, self.last_gasp_stuck = last_gasp_kill, last_gasp_stuck
         self.repair_kill, self.repair_hang, self.repair_at = repair_kill, repair_hang, repair_at
+        self.repair_stuck = repair_stuck
         self.fired = False
         self.in_place = None  # dsim.ft.in_place.InPlace where a UCE may be repaired in place (set by begin)
 
@@ -289,11 +292,16 @@ def during_repair(rank: int, global_step: int, point: str) -> None:
         _second_failure("hang", rank, f"during a repair in the job, {where}", f"repair_{point}", global_step,
                         f"dsim: fault: rank {rank} freezes (SIGSTOP) during the repair in the job, {where} (training "
                         f"to go on after step {global_step})")
+    if f.repair_stuck == rank:
+        _second_failure("stuck", rank, f"during a repair in the job, {where}", f"repair_{point}", global_step,
+                        f"dsim: fault: rank {rank} is stuck (its repair stops, its process runs) during the repair in "
+                        f"the job, {where} (training to go on after step {global_step})")
 
 
 def newcomer_in_repair(f, rank: int, global_step: int) -> None:
     """Called in a newcomer (a spare or a spawned process) that took dead rank `rank`'s place, before the state
-    exchange: fault.repair_kill / repair_hang naming that rank, at repair_at: exchange, strike the newcomer there
+    exchange: fault.repair_kill / repair_hang / repair_stuck naming that rank, at repair_at: exchange, strike the
+    newcomer there
     (its own fault config is dropped once it trains: the faults of a rank were its predecessor's)."""
     if f.repair_at != "exchange":
         return
@@ -303,6 +311,8 @@ def newcomer_in_repair(f, rank: int, global_step: int) -> None:
         kill(f"dsim: fault: killing {what} (SIGKILL) {where}")
     if f.repair_hang == rank:
         freeze(f"dsim: fault: {what} freezes (SIGSTOP) {where}")
+    if f.repair_stuck == rank:
+        stall(f"dsim: fault: {what} is stuck (its process runs) {where}")
 
 
 def _second_failure(kind: str, rank: int, where: str, at: str, global_step: int, message: str) -> None:

@@ -335,20 +335,26 @@ def test_a_rank_frozen_during_a_repair_in_the_job_is_killed_then_the_last_gasp_a
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_a_newcomer_frozen_before_the_state_exchange_is_killed_and_the_last_gasp_follows(tmp_path):
-    """Rank 3 dies; the process spawned for its place freezes before the state exchange. It beats from the moment
-    it knows the job's config (a standby heartbeat, rank null), so the survivors' watch finds it frozen while
-    the exchange waits for it (before, it had no heartbeat until it trained: every watch said "waiting" for
-    ever). Killed, the repair is given up alike, and the 7 survivors save the last gasp of step 12."""
+@pytest.mark.parametrize("how, fault_key, does, judged", [
+    ("frozen", "repair_hang", "freezes (SIGSTOP)", r"has not run for \d+\.\d s"),
+    # its process runs: its joining is work watched (before, it waited for no one, and the job hung for ever)
+    ("stuck", "repair_stuck", "is stuck (its process runs)",
+     r"is stuck: its process runs, its repair in the job has made no progress outside a collective for \d+\.\d s")])
+def test_a_newcomer_frozen_or_stuck_before_the_state_exchange_is_killed_and_the_last_gasp_follows(
+        tmp_path, how, fault_key, does, judged):
+    """Rank 3 dies; the process spawned for its place freezes, or is stuck, before the state exchange. It beats from
+    the moment it knows the job's config (a standby heartbeat, rank null), so the survivors' watch finds it frozen
+    or stuck while the exchange waits for it (before, it had no heartbeat until it trained: every watch said
+    "waiting" for ever). Killed, the repair is given up alike, and the 7 survivors save the last gasp of step 12."""
     crash = mpirun(8, ["-m", "dsim.train", *OPTS, *WATCH, "--set", "tft.arf=true",
-                       *fault("kill", 3, "forward", 13, "--set", "fault.repair_hang=3", "--set", "fault.repair_at=exchange")],
+                       *fault("kill", 3, "forward", 13, "--set", f"fault.{fault_key}=3", "--set", "fault.repair_at=exchange")],
                    cwd=tmp_path, timeout=120, ft=True)
-    assert ("dsim: fault: the newcomer taking rank 3's place freezes (SIGSTOP) during the repair in the job, before the "
+    assert (f"dsim: fault: the newcomer taking rank 3's place {does} during the repair in the job, before the "
             "state is exchanged (training to go on after step 12)") in crash.stdout, crash.stdout
-    assert re.search(r"dsim: hang watch: a newcomer \(pid \d+\) has not run for \d+\.\d s \(step 13, timeout 3 s\): "
+    assert re.search(rf"dsim: hang watch: a newcomer \(pid \d+\) {judged} \(step 13, timeout 3 s\): "
                      r"killed \(SIGKILL\)\n", crash.stdout), crash.stdout
     hang, = events(tmp_path, "hang")
-    assert (hang["rank"], hang["how"]) == (None, "frozen") and hang["frozen_for"] >= TIMEOUT
+    assert (hang["rank"], hang["how"], hang["global_step"]) == (None, how, 13) and hang["frozen_for"] >= TIMEOUT
     assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal")
     assert "dsim: warning: no repair in the job: rank(s) 3 died; " in crash.stderr, crash.stderr
     errors = error_lines(crash)

@@ -90,7 +90,7 @@ class Run:
             f = cfg.fault
             cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill, f.slowdown,
                                      f.last_gasp_stuck, f.repair_kill, f.repair_hang,
-                                     f.repair_at))
+                                     f.repair_at, f.repair_stuck))
         t = cfg.tft
         if t.hang_timeout or t.straggler_factor:
             from ..ft.hang import HangWatch

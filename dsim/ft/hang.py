@@ -316,8 +316,9 @@ class HangWatch(Callback):
             ago = record["stalled"] + now - record["time"]
             work = WORK.get(record.get("work"), "step")
             what = f"is stuck: its process runs, its {work} has made no progress outside a collective for {ago:.1f} s"
-        # a stuck rank's own step (it may be a step behind the others); a frozen one's last beat may be steps old
-        step = record["step"] if how == "stuck" else self.step
+        # a stuck rank's own step (it may be a step behind the others); a frozen one's last beat may be steps old, and
+        # a newcomer (no rank) has trained no step yet
+        step = record["step"] if how == "stuck" and record["rank"] is not None else self.step
         event("hang", any_rank=True, rank=record["rank"], how=how, frozen_for=round(ago, 3), global_step=step,
               by=self.rank, timeout=self.timeout, **({"work": record.get("work")} if how == "stuck" else {}))
         say(f"dsim: hang watch: {_who(record)} {what} (step {step}, timeout {self.timeout:g} s): killed (SIGKILL)"

@@ -316,8 +316,16 @@ def join_spawned(parent):
 def take_place(world, pool, joining):
     """A newcomer (a spare, or spawned) takes a dead rank's place in `world`: (run, step, joining).
 
-    Its model is built without initial values: every owned slice is received from a replica.
+    Its model is built without initial values: every owned slice is received from a replica. Its joining is work
+    watched (progress.watched) from its heartbeat on: a newcomer stuck before the exchange (its process runs) is
+    found by the survivors' watches as a stuck rank is (before, it waited for no one and so made no deadlock
+    either: the job hung for ever).
     """
+    with progress.watched("repair"):
+        return _take_place(world, pool, joining)
+
+
+def _take_place(world, pool, joining):
     from ..engine import build_run
     from .hang import standby_heartbeat
     cfg = config_from_dict(joining["cfg"])
