@@ -187,27 +187,39 @@ def test_an_unmatched_receive_is_repaired_in_the_job_and_the_same_job_deadlockin
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_a_rank_stuck_during_a_repair_is_killed_by_the_deadlocks_break_then_the_last_gasp(ft_reference, tmp_path):
-    """A repair in the job is watched as one wait, so a rank stuck in it (its process runs, its repair does not) is
-    not judged stuck: the others wait for it in the repair's collectives, on the communicator of the living its
-    shrink made, and all wait. The deadlock's break revokes that one too: the others come out, rank 5 does not and
-    is killed, and the repair falls back to the last gasp of step 12, from which the resume is bit-identical. (A
-    fault plan: rank 3 killed in step 13's forward, rank 5 stuck at the first point it reaches after, the repair.)"""
+@pytest.mark.parametrize("point, where", [("refill", "before the dead rank's place is filled"),
+                                          ("exchange", "before the state is exchanged")])
+def test_a_rank_stuck_during_a_repair_is_killed_as_stuck_then_the_last_gasp(ft_reference, tmp_path, point, where):
+    """Rank 3 dies in step 13's forward; rank 5 is stuck (its process runs, its repair does not) in the repair that
+    follows. The repair is work watched and its collectives are waits, so rank 5 is judged stuck as in a step, and
+    killed; the repair falls back to the last gasp of step 12, from which the resume is bit-identical. At refill a
+    fault plan strikes it (rank 5 stuck at the first point it reaches after the kill, the repair); at exchange
+    fault.repair_stuck, where the others wait for it in the exchange's MPI_Comm_agree. (Before 2026-11-28 the repair
+    was one wait: at refill rank 5 was found as a deadlock, 6 s and a break later; at exchange no revoke ends an
+    agreement, and the job was ended.)"""
     ref_losses, ref_ckpt = ft_reference("dp2xmp4")
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": [
-        {"time": 0, "rank": 3, "kind": "kill", "at": "forward", "step": 13},
-        {"time": 0, "rank": 5, "kind": "stuck", "at": "update", "step": 13}]}))
     opts = ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true", *BREAK]
-    crash = mpirun(8, [*opts, "--set", "fault.kind=plan"], cwd=tmp_path, timeout=120, ft=True,
-                   env={"DSIM_FAULT_PLAN": str(plan)})
+    if point == "refill":
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"format": "dsim-fault-plan/1", "faults": [
+            {"time": 0, "rank": 3, "kind": "kill", "at": "forward", "step": 13},
+            {"time": 0, "rank": 5, "kind": "stuck", "at": "update", "step": 13}]}))
+        crash = mpirun(8, [*opts, "--set", "fault.kind=plan"], cwd=tmp_path, timeout=120, ft=True,
+                       env={"DSIM_FAULT_PLAN": str(plan)})
+        does = "is stuck (its training stops, its process runs)"
+    else:
+        crash = mpirun(8, [*opts, *fault("kill", 3, "forward", 13, "--set", "fault.repair_stuck=5", "--set",
+                                         f"fault.repair_at={point}")], cwd=tmp_path, timeout=120, ft=True)
+        does = "is stuck (its repair stops, its process runs)"
     assert crash.returncode == 1, crash.stderr
-    assert ("dsim: fault: rank 5 is stuck (its training stops, its process runs) during a repair in the job, before "
-            "the dead rank's place is filled" in crash.stdout), crash.stdout
-    assert re.search(r"rank 5 \(pid \d+\) still waits after the revoke", crash.stdout), crash.stdout
-    assert crash.stdout.count("still waits after") == 1
+    assert f"dsim: fault: rank 5 {does} during {'a' if point == 'refill' else 'the'} repair in the job, {where}" \
+        in crash.stdout, crash.stdout
+    assert re.search(r"dsim: hang watch: rank 5 \(pid \d+\) is stuck: its process runs, its repair in the job has made "
+                     r"no progress outside a collective for \d+\.\d s \(step 13, timeout 5 s\): killed \(SIGKILL\), "
+                     r"as a failed rank", crash.stdout), crash.stdout
+    assert "deadlock" not in crash.stdout
     hang, = events(tmp_path, "hang")
-    assert (hang["rank"], hang["how"]) == (5, "deadlocked")
+    assert (hang["rank"], hang["how"], hang["work"]) == (5, "stuck", "repair")
     assert "dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 5 died during the repair" in crash.stderr
     errors = error_lines(crash)
     assert len(errors) == 1 and errors[0].startswith(

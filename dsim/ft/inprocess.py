@@ -120,9 +120,12 @@ class InProcessRecovery:
     def recover(self, exc, callbacks) -> int:
         """Repair the job in place; returns the global step training goes on from. Collective over the living.
 
-        Watched as a wait (tft.hang_timeout: dsim.ft.hang): a rank frozen during the repair is killed, and the
-        repair, like one that another death interrupts, falls back to the last gasp (RepairInterrupted)."""
-        with progress.watched("repair"), progress.waiting():
+        Work watched (tft.hang_timeout: dsim.ft.hang), its collectives waits: a rank frozen during the repair, or
+        stuck in it (its process runs, its repair does not), is killed, and the repair, like one that another death
+        interrupts, falls back to the last gasp (RepairInterrupted). (Until 2026-11-28 the whole repair was one
+        wait: a stuck rank was found only as a deadlock, and not at all where the others waited for it in the
+        exchange's MPI_Comm_agree, which no revoke ends: the job was ended.)"""
+        with progress.watched("repair"):
             return self._recover(exc, callbacks)
 
     def _recover(self, exc, callbacks) -> int:
@@ -133,7 +136,8 @@ class InProcessRecovery:
         if isinstance(exc, FailedAtTheEnd):  # past the loop: the world shrunk and surveyed already, with the others
             comm, failed, seen = exc.comm, exc.failed, exc.seen
         else:
-            comm, failed = ulfm.shrink(old.world)
+            with progress.waiting():
+                comm, failed = ulfm.shrink(old.world)
             seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a memory-failed rank offers nothing
         damaged, t_fault = seen.damaged, seen.first_noticed
         if not failed and not damaged and not seen.deadlock:
@@ -155,15 +159,18 @@ class InProcessRecovery:
         world, filled = comm, None
         try:
             faults.during_repair(old.world.rank, p.step, "refill")
-            if failed:
-                filled = self._refill(comm, failed, p, callbacks, t_fault)
-                world = filled.world
-            groups = Groups(world, layout)
+            with progress.waiting():  # (a spawn, the pool's collectives, the new groups' splits)
+                if failed:
+                    filled = self._refill(comm, failed, p, callbacks, t_fault)
+                    world = filled.world
+                groups = Groups(world, layout)
             faults.during_repair(old.world.rank, p.step, "exchange")
         except (MPI.Exception, warm.RefillFailed):
             ulfm.revoke(comm, world)  # another failure during the repair: nobody may wait on the new world
             raise RepairInterrupted(what, failed) from None  # (the caller falls back to the last gasp)
-        if not restore(groups, p.writers, run.optimizer, p.step):
+        with progress.waiting():  # (for the writers, or the receivers, and the agreement)
+            restored = restore(groups, p.writers, run.optimizer, p.step)
+        if not restored:
             ulfm.revoke(comm)
             raise RepairInterrupted(what, failed)
         run.groups = run.model.groups = groups
@@ -194,7 +201,8 @@ class InProcessRecovery:
         run, t0 = self.run, time.time()
         old, old_ranks = run.groups.layout, ulfm.world_ranks(comm, run.groups.world)
         try:
-            new, fresh = elastic.continue_smaller(run, comm, p, lambda layout: elastic.new_config(run.cfg, layout))
+            with progress.waiting():
+                new, fresh = elastic.continue_smaller(run, comm, p, lambda layout: elastic.new_config(run.cfg, layout))
         except (LayoutError, ConfigError) as e:
             raise CannotRepair(f"{what}; it cannot go on with fewer ranks: {e}", lead) from None
         except MPI.Exception:
