@@ -345,7 +345,8 @@ def _take_place(world, pool, joining):
     # of epoch 6) is the job's: the newcomer keeps those, or it trains on alone when the others stop
     job_wide = f.kind == "plan" or (f.kind == "exception" and f.rank is None)
     cfg.fault = f if job_wide else FaultConfig()
-    run = build_run(cfg, world, initialize=False)  # the same collectives as the survivors' Groups(world, layout)
+    with progress.waiting():  # (its groups' splits, with the survivors' Groups(world, layout))
+        run = build_run(cfg, world, initialize=False)
     run.spares = pool
     step = joining["step"]
     faults.newcomer_in_repair(f, world.rank, step)
