@@ -301,6 +301,24 @@ def test_a_job_that_went_on_alive_after_a_break_is_ended_at_its_next_deadlock(tm
     assert not watch._can_break()
 
 
+def test_a_break_explains_only_the_failures_noticed_soon_after_it(tmp_path, monkeypatch):
+    """The failure handling saves a last gasp with every rank alive when a deadlock's break explains the failure: its
+    mark made before the failure was noticed, at most 2 BREAK_WAIT (20 s) before. A later MPI error of another kind
+    in the same job is not the break's (before, any mark left in the job's heartbeats said so)."""
+    import dsim.ft.hang as hang
+    watch = HangWatch(3, tmp_path)
+    watch.dir.mkdir()
+    monkeypatch.setattr(hang, "_running", watch)
+    assert not hang.broke_deadlock(time.time())
+    mark = watch.dir / "killed-deadlock-job"
+    mark.touch()
+    os.utime(mark, (1000.0, 1000.0))
+    assert [hang.broke_deadlock(t) for t in (999.5, 1000.5, 1019.0, 1021.0, 1500.0)] == [True, True, True, False, False]
+    assert not hang.broke_deadlock(998.0)   # noticed before the break: another failure
+    monkeypatch.setattr(hang, "_running", None)
+    assert not hang.broke_deadlock(1000.5)  # no watch in this process
+
+
 def test_a_rank_polling_its_collective_is_still_waiting():
     """With in-place UCE repair a rank polls its collective (check_revoked, a tick each time): still a wait with no
     progress, as a deadlock needs (a campaign's arf job went undetected before); outside waits a tick is progress."""

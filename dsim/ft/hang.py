@@ -340,11 +340,22 @@ def deadlocked(world: list, now: float, timeout: float) -> Optional[float]:
     return waited if waited > timeout else None
 
 
-def broke_deadlock() -> bool:
-    """Whether this process's watch (any rank's) broke a deadlock of this job: its mark is there (rank 0 removes it
-    at the start of a job and after a repair in the job). The failure handling then saves a last gasp even if
-    every rank is alive (dsim.ft.last_gasp)."""
-    return _running is not None and any(_running.dir.glob("killed-deadlock-*"))
+def broke_deadlock(noticed_at: float) -> bool:
+    """Whether a watch of this job (any rank's) broke a deadlock that explains a failure this process noticed at
+    `noticed_at` (time.time()): its mark made before, at most 2 BREAK_WAIT (the longest a break takes to free or
+    kill every waiting rank, and then some). The failure handling then saves a last gasp even if every rank is
+    alive (dsim.ft.last_gasp). An MPI error of another kind, later in the same job, is not the break's (rank 0
+    removes the mark at the start of a job and after a repair in the job)."""
+    if _running is None:
+        return False
+    for mark in _running.dir.glob("killed-deadlock-*"):
+        try:
+            made = mark.stat().st_mtime
+        except OSError:
+            continue
+        if noticed_at - 2 * BREAK_WAIT <= made <= noticed_at + 1:  # (+1: file times are coarse on some systems)
+            return True
+    return False
 
 
 def _wait_began(record: dict) -> Optional[float]:

@@ -102,7 +102,7 @@ class Survey:
 def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
     """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
     with progress.waiting():
-        reports = comm.allgather((me, sorted(states), noticed_at, broke_deadlock()))
+        reports = comm.allgather((me, sorted(states), noticed_at, broke_deadlock(noticed_at)))
     offers = {r: set(steps) for r, steps, _, _ in reports}
     return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t, _ in reports),
                   any(b for *_, b in reports))
@@ -169,13 +169,13 @@ def lost_stages(run, lost) -> list:
     return out
 
 
-def without_checkpoint(run, damaged: bool) -> Outcome:
+def without_checkpoint(run, damaged: bool, noticed_at: float) -> Outcome:
     """With the last gasp off: the survivors only agree on who failed, and whose memory failed (damaged: this
     rank's), so that one line says it (collective over the living ranks)."""
     revoke_groups(run.groups)
     comm, failed = shrink(run.groups.world)
     me = run.groups.world.rank
-    reports = comm.allgather((me, bool(damaged), broke_deadlock()))
+    reports = comm.allgather((me, bool(damaged), broke_deadlock(noticed_at)))
     hit = sorted(r for r, d, _ in reports if d)
     return Outcome(failed, hit, survivors=comm.size, lead=comm.rank == 0,
                    other_error=not failed and not hit and not any(b for *_, b in reports))

@@ -66,7 +66,8 @@ def on_process_failure(run, noticed_at: float, error) -> int:
                              else "a rank failed")
     damaged = isinstance(error, UCEError) or getattr(run.optimizer, "damaged", False)
     try:
-        out = last_gasp.save(run, noticed_at) if run.cfg.tft.ttp else last_gasp.without_checkpoint(run, damaged)
+        out = (last_gasp.save(run, noticed_at) if run.cfg.tft.ttp
+               else last_gasp.without_checkpoint(run, damaged, noticed_at))
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
