@@ -6,10 +6,12 @@ DSIM_LAUNCHER=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/dsim/ft/launcher.
 dsim_watched() {
     python "$DSIM_LAUNCHER" "$@" &
     local pid=$! status
-    # SIGINT or SIGTERM to this script: passed on (the launcher stops mpirun and its ranks); its status kept.
-    # SIGUSR1 (every rank's stacks) and SIGUSR2 (stop after a step and save it: checkpoint.save_on_signal) passed
-    # on as they came, the launcher passing them to mpirun and mpirun to every rank
-    trap 'kill -TERM $pid 2>/dev/null' INT TERM
+    # Signals to this script passed on as they came; its status kept. SIGINT (Ctrl-C): the launcher stops mpirun
+    # and its ranks; SIGTERM (a scheduler's notice): it passes it to the ranks (checkpoint.save_on_signal: stop
+    # after a step and save it), a second one stops mpirun; SIGUSR1 (every rank's stacks) and SIGUSR2 (as SIGTERM,
+    # through mpirun): the launcher passes them to mpirun and mpirun to every rank
+    trap 'kill -INT $pid 2>/dev/null' INT
+    trap 'kill -TERM $pid 2>/dev/null' TERM
     trap 'kill -USR1 $pid 2>/dev/null' USR1
     trap 'kill -USR2 $pid 2>/dev/null' USR2
     while :; do

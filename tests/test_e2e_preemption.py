@@ -94,3 +94,22 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
     assert (what, status) == ("SIGTERM", "143") and 2 <= int(step) < 20
     assert (tmp_path / "run" / "checkpoints" / f"{name}.commit").exists()
     assert "Traceback" not in err and "internal error" not in err
+
+
+def test_sigterm_to_the_launch_script_is_a_notice_to_the_ranks_and_the_resume_is_bit_identical(ft_reference, tmp_path):
+    """A preempting scheduler's SIGTERM before its SIGKILL, sent to the launch script: the script passes it to the
+    launcher, which passes it to the ranks themselves, not to mpirun (Open MPI's launcher would kill them at once,
+    as it did before 2026-11-28): they stop after the same step, saved, exit 143, and the resume is bit-identical."""
+    ref_losses, ref_ckpt = ft_reference("dp2xmp4")
+    code, out, err = signalled(tmp_path, "epoch: 1 step: 3,", lambda pid: os.kill(pid, signal.SIGTERM), script=True)
+    assert code == 143, (out, err)
+    (what, step, epoch, in_epoch, name, status), = STOPPED.findall(out)
+    step = int(step)
+    assert (what, status) == ("SIGTERM", "143") and 3 <= step < 20 and name == f"network-{epoch}_{in_epoch}", out
+    assert LOSS.findall(out) == ref_losses[:step]
+    ckpt = tmp_path / "run" / "checkpoints"
+    assert (ckpt / f"{name}.commit").exists()
+    assert "Traceback" not in err and "internal error" not in err
+    resumed = mpirun(8, ["-m", "dsim.train", *OPTS, *SAVE_ON_SIGNAL, "--resume", "auto"], cwd=tmp_path, check=0)
+    assert LOSS.findall(resumed.stdout) == ref_losses[step:]
+    final_state_equal(ref_ckpt, ckpt)

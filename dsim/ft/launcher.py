@@ -215,14 +215,29 @@ def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_second
                 return why
 
 
+def notice_ranks(pid: int) -> bool:
+    """SIGTERM to mpirun's (pid's) ranks on this node, not to mpirun: Open MPI's launcher kills its ranks at once on a
+    SIGTERM, while a rank with checkpoint.save_on_signal takes it as a scheduler's notice (dsim.ft.preemption): every
+    rank, on every node, then stops after the same step, saved (a rank without it ends, as on mpirun's kill).
+    Whether there was a rank to tell."""
+    ranks = children(pid)
+    for rank in ranks:
+        try:
+            os.kill(rank, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return bool(ranks)
+
+
 def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) -> int:
     """Run mpirun (cmd) as a user's command: output passed through, a stall stopped, a failed start tried
     again. Returns its exit status: after a stall, the one told from the ranks (ranks_status; 1 when it
     cannot be told); 124 after the timeout, as timeout(1) does.
 
     mpirun stays in the caller's process group, so whoever stops the caller's group (a test's timeout, a
-    terminal's Ctrl-C) stops it too; SIGINT and SIGTERM sent to this process alone are passed to it (as SIGTERM),
-    SIGUSR1 and SIGUSR2 as they are.
+    terminal's Ctrl-C) stops it too. Sent to this process alone: SIGINT is passed to mpirun as SIGTERM (stop now);
+    SIGTERM, a scheduler's notice before its SIGKILL, to the ranks themselves (notice_ranks), and a second one to
+    mpirun; SIGUSR1 and SIGUSR2 to mpirun as they are, which passes them on to every rank.
     """
     for attempt in range(1, tries + 1):
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
@@ -239,10 +254,16 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
                 del tail[:-4096]
         relayed = threading.Thread(target=relay, daemon=True)
         relayed.start()
-        # SIGTERM whichever came: started in the background of a script, mpirun ignores SIGINT; SIGUSR1 (stacks)
-        # and SIGUSR2 (stop and save: checkpoint.save_on_signal) as they came, which mpirun passes to every rank
-        forward = lambda signum, frame: proc.send_signal(signal.SIGTERM)  # noqa: E731
-        old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        # SIGINT as SIGTERM (started in the background of a script, mpirun ignores SIGINT); SIGTERM to the ranks
+        # once; SIGUSR1 (stacks) and SIGUSR2 (stop and save) as they came, which mpirun passes to every rank
+        stop = lambda signum, frame: proc.send_signal(signal.SIGTERM)  # noqa: E731
+        noticed = []
+
+        def notice(signum, frame):
+            if noticed or not notice_ranks(proc.pid):
+                stop(signum, frame)
+            noticed.append(signum)
+        old = {signal.SIGINT: signal.signal(signal.SIGINT, stop), signal.SIGTERM: signal.signal(signal.SIGTERM, notice)}
         old.update({s: signal.signal(s, lambda signum, frame: proc.send_signal(signum))
                     for s in (signal.SIGUSR1, signal.SIGUSR2)})
         watch = StallWatch(proc.pid, STALL_SECONDS)

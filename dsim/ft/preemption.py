@@ -11,7 +11,8 @@ exits 128 + the signal's number (140 for SIGUSR2, 143 for SIGTERM), as a process
 finished, and `--resume auto` goes on from the step after, bit-identical to an uninterrupted run.
 
 mpirun passes SIGUSR2 on to every rank; SIGTERM sent to mpirun ends the ranks at once (Open MPI's launcher
-kills them), so under mpirun the notice is SIGUSR2.
+kills them), so dsim's launcher (dsim/ft/launcher.py: the launch scripts, the Makefile) passes a SIGTERM it gets
+to the ranks on its node instead.
 """
 from __future__ import annotations
 
