@@ -67,7 +67,7 @@ def mpirun(n: int, module: str, args, timeout: float, log: Path) -> None:
             try:
                 rc = p.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGTERM)  # the launcher passes it to mpirun, which takes its ranks down
+                os.killpg(p.pid, signal.SIGTERM)  # mpirun (in the group) takes its ranks down
                 try:
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
