@@ -120,8 +120,8 @@ class FaultConfig:
     last_gasp_stuck: Optional[int] = None    # this rank's last-gasp write never returns (found by tft.hang_timeout)
     repair_kill: Optional[int] = None        # also kill this rank during a repair in the job (at repair_at)
     repair_hang: Optional[int] = None        # this rank freezes (SIGSTOP) during a repair in the job (at repair_at)
-    repair_stuck: Optional[int] = None       # this rank's repair stops, its process runs (at repair_at; the deadlock's
-                                             # break of tft.deadlock_timeout kills it)
+    repair_stuck: Optional[int] = None       # this rank's repair stops, its process runs (at repair_at; found stuck by
+                                             # tft.hang_timeout's watch)
     repair_at: str = "refill"                # refill (the dead rank's place not filled yet) | exchange (filled)
     spare_hang: bool = False                 # the warm spares (tft.spares) freeze (SIGSTOP) as they begin to wait
     step: Any = None                         # global step (1-based); or one per rank of a rank list

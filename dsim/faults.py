@@ -38,8 +38,8 @@ tft.hang_timeout's watch kills it, and the others save without it).
 freezes it there (tft.hang_timeout's watch kills it): at `repair_at: refill` (the default) the survivors have
 agreed on the step and the dead rank's place is not filled yet, at `exchange` the new world is formed and the
 state has not moved. Either way the repair is given up on every living rank alike and the last gasp follows.
-`repair_stuck: R` makes rank R's repair stop there while its process runs: the others wait for it in the repair's
-collectives, a deadlock, which tft.deadlock_timeout's break ends (it kills R).
+`repair_stuck: R` makes rank R's repair stop there while its process runs (tft.hang_timeout's watch finds it stuck:
+the repair is work watched, its collectives waits).
 Naming a dead rank, with `repair_at: exchange`, they strike the newcomer that takes its place (a warm spare or
 a spawned process) before the state moves. `spare_hang: true` freezes the warm spares (tft.spares) as they begin to wait (dsim.train): a hot spare node
 that hung, found by tft.hang_timeout's watch when a repair waits for it, or at the end of training.

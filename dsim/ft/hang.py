@@ -367,8 +367,8 @@ def _wait_began(record: dict) -> Optional[float]:
 def settled(record: dict, revoked_at: float) -> bool:
     """Whether a heartbeat tells how its process came out of a deadlock's break begun at `revoked_at`: beaten a
     second after it, and either out of the wait it was in then (a wait on the job's communicators ends with a
-    revoke of them, and the next, the shrink, begins after), or SETTLE seconds after its own watch revoked its rank's
-    communicators (its `revoked`: a rank whose wait is on them only then learns)."""
+    revoke of them, and the next, the shrink, begins after), or SETTLE seconds after its own watch revoked its
+    rank's communicators (its `revoked`: a rank whose wait is on them only then learns)."""
     if record["time"] < revoked_at + 1.0:
         return False
     began = _wait_began(record)
