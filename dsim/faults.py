@@ -350,7 +350,8 @@ PLAN_ENV = "DSIM_FAULT_PLAN"
 PLAN_KINDS = ("kill", "uce", "corrupt", "node", "hang", "stuck", "deadlock", "unmatched", "sdc", "slow")
 PLAN_POINTS = ("forward", "allreduce", "update")
 DEATH_KINDS = ("kill", "corrupt", "hang", "stuck")  # a plan's failures that stop a process (the hang watch kills a
-                                                   # frozen or stuck one): they also strike during a repair in the job
+                                                   # frozen or stuck one)
+REPAIR_KINDS = (*DEATH_KINDS, "node")  # those that also strike during a repair in the job (a node's ranks die at once)
 REPAIR_POINTS = {"refill": "before the dead rank's place is filled", "exchange": "before the state is exchanged"}
 STUCK_POINTS = (*PLAN_POINTS, "save", "step_end", "epoch_end")  # inside work the hang watch judges (progress)
 
@@ -419,12 +420,12 @@ class FaultPlan:
     def strike(self, point: str, global_step: int, injector: "FaultInjector", repair: bool = False) -> None:
         """Fire the first due entry set for this point, unless another process already did. In a repair in the job
         (`repair`: point is refill or exchange, global_step the step to be redone), the first due entry of a kind
-        that stops a process (DEATH_KINDS), whatever its point: a failure whose time came during the repair."""
+        that stops processes (REPAIR_KINDS), whatever its point: a failure whose time came during the repair."""
         now = time.time()
         for n, (i, f) in enumerate(self.entries):
             if f.get("time", 0) > now:
                 return
-            if (f["kind"] not in DEATH_KINDS if repair else f["at"] != point) or f.get("step", 0) > global_step:
+            if (f["kind"] not in REPAIR_KINDS if repair else f["at"] != point) or f.get("step", 0) > global_step:
                 continue
             del self.entries[n]
             # exclusive: whoever creates the marker fires (a newcomer reading the plan late does not)

@@ -214,23 +214,31 @@ def test_a_rank_killed_during_the_repair_gives_it_up_on_every_rank_and_the_last_
     assert fired == [(3, "forward"), (1, "repair_exchange")]
 
 
-def test_a_planned_failure_due_during_a_repair_strikes_in_it(tmp_path):
-    """A fault plan (a campaign's): rank 3 dies in the forward pass of step 13; rank 6's kill, due at the update of
-    step 13, which it never reaches, strikes during the repair instead (before rank 3's place is filled): the
-    repair is given up and the 6 survivors save the last gasp, as for a second death a config plans."""
+@pytest.mark.parametrize("second, killed, line", [
+    ({"rank": 6, "kind": "kill"}, [6], "killing rank 6 (SIGKILL)"),
+    # a lost node (ranks 4 and 5), due during the repair: both die there (before 2026-11-28 it waited for step 13)
+    ({"rank": 4, "kind": "node", "node_size": 2}, [4, 5], "node failure: ranks 4-5 die together")])
+def test_a_planned_failure_due_during_a_repair_strikes_in_it(tmp_path, second, killed, line):
+    """A fault plan (a campaign's): rank 3 dies in the forward pass of step 13; a second failure (rank 6's kill, or the
+    loss of ranks 4 and 5's node), due at the update of step 13, which its victim never reaches, strikes during the
+    repair instead (before rank 3's place is filled): the repair is given up and the survivors save the last gasp,
+    as for a second death a config plans (every replica set keeps a holder: {0, 4}, {1, 5}, {3, 7})."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"faults": [{"rank": 3, "kind": "kill", "at": "forward", "step": 13},
-                                           {"rank": 6, "kind": "kill", "at": "update", "step": 13}]}))
+                                           {**second, "at": "update", "step": 13}]}))
     crash = mpirun(8, ["-m", "dsim.train", *OPTS, "--set", "tft.arf=true", "--set", "fault.kind=plan"], cwd=tmp_path,
                    timeout=120, ft=True, env={"DSIM_FAULT_PLAN": str(plan)})
-    assert ("dsim: fault: killing rank 6 (SIGKILL) during a repair in the job, before the dead rank's place is filled "
+    victim = second["rank"]
+    assert (f"dsim: fault: {line} during a repair in the job, before the dead rank's place is filled "
             "(training to go on after step 12; fault plan entry 1)") in crash.stdout, crash.stdout
     assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal")
-    assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 6 died during the repair; falling back to "
-            "the last-gasp checkpoint") in crash.stderr, crash.stderr
+    during = ", ".join(map(str, killed))
+    assert (f"dsim: warning: no repair in the job: rank(s) 3 died; rank(s) {during} died during the repair; falling "
+            "back to the last-gasp checkpoint") in crash.stderr, crash.stderr
     error, = error_lines(crash)
+    failed = ", ".join(map(str, sorted([3, *killed])))
     assert crash.returncode == 1 and error.startswith(
-        "dsim: error: rank(s) 3, 6 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+        f"dsim: error: rank(s) {failed} failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
     fired = [(e["rank"], e["at"], e["global_step"], e["plan_index"]) for e in events(tmp_path, "fault")]
-    assert fired == [(3, "forward", 13, 0), (6, "refill", 13, 1)]
+    assert fired == [(3, "forward", 13, 0), (victim, "refill", 13, 1)]
     assert sorted(p.name for p in Path(f"{plan}.fired").iterdir()) == ["0", "1"]
