@@ -168,9 +168,7 @@ class InProcessRecovery:
         except (MPI.Exception, warm.RefillFailed):
             ulfm.revoke(comm, world)  # another failure during the repair: nobody may wait on the new world
             raise RepairInterrupted(what, failed) from None  # (the caller falls back to the last gasp)
-        with progress.waiting():  # (for the writers, or the receivers, and the agreement)
-            restored = restore(groups, p.writers, run.optimizer, p.step)
-        if not restored:
+        if not restore(groups, p.writers, run.optimizer, p.step):
             ulfm.revoke(comm)
             raise RepairInterrupted(what, failed)
         run.groups = run.model.groups = groups
@@ -258,19 +256,22 @@ def describe(failed, damaged) -> str:
 def restore(groups, writers: dict, optimizer, step: int) -> bool:
     """Every rank of the new world holds `step`'s state (exchange, then whole model-parallel slices from the owned
     parts), or none goes on: whether it worked, the same answer on every living rank (MPI_Comm_agree), even when
-    a rank dies during it. A rank whose exchange failed revokes the world first: nobody waits for its messages."""
-    ok = 1
-    try:
-        exchange(groups, writers, optimizer, step)
-        optimizer.sync(groups.shard)
-    except MPI.Exception:
-        ok = 0
-        ulfm.revoke_groups(groups)
-    try:
-        return bool(ulfm.agree(groups.world, ok))
-    except MPI.Exception:
-        ulfm.revoke_groups(groups)
-        return False
+    a rank dies during it. A rank whose exchange failed revokes the world first: nobody waits for its messages.
+    A wait (for the writers, or the receivers, and the agreement): a deadlock here is every process waiting, and a
+    rank stuck outside it is judged stuck (dsim.ft.hang)."""
+    with progress.waiting():
+        ok = 1
+        try:
+            exchange(groups, writers, optimizer, step)
+            optimizer.sync(groups.shard)
+        except MPI.Exception:
+            ok = 0
+            ulfm.revoke_groups(groups)
+        try:
+            return bool(ulfm.agree(groups.world, ok))
+        except MPI.Exception:
+            ulfm.revoke_groups(groups)
+            return False
 
 
 def exchange(groups, writers: dict, optimizer, step: int) -> None:
@@ -350,9 +351,7 @@ def _take_place(world, pool, joining):
     run.spares = pool
     step = joining["step"]
     faults.newcomer_in_repair(f, world.rank, step)
-    with progress.waiting():  # for its writers (a deadlock here is every process waiting: dsim.ft.hang)
-        restored = restore(run.groups, joining["writers"], run.optimizer, step)
-    if not restored:
+    if not restore(run.groups, joining["writers"], run.optimizer, step):
         raise RepairInterrupted(f"rank(s) {', '.join(map(str, joining['ranks']))} died", joining["ranks"])
     run.loader.set_init_step(step)
     run.model.recovery.pending = (joining["fault_time"], "heal", run.groups.world.rank == 0)
