@@ -244,20 +244,24 @@ def losses_equal(events: list, end: float, reference: dict) -> dict:
 
 
 def evictions(recs: list, events: list, end: float) -> tuple[int, int]:
-    """(ranks the straggler watch killed within the budget, how many of them no `slow` failure had struck): a
-    healthy rank past tft.straggler_factor on a busy machine is a false alarm, and its kill a failure the scheme
-    pays for like any other."""
+    """(ranks the straggler watch killed, how many of them no `slow` failure had struck): a healthy rank past
+    tft.straggler_factor on a busy machine is a false alarm, and its kill a failure the scheme pays for like any
+    other. A healthy rank counts if killed within the budget; a slow one struck within it (`recs`) also when killed
+    after it, while the campaign waited for its recovery: that kill is how it is recovered."""
     slow = sorted((r["time"], r["rank"]) for r in recs if r["kind"] == "slow")
-    kills = [e for e in events if e["event"] == "straggler" and e.get("evicted") and e["time"] <= end]
-    used, healthy = set(), 0
-    for e in kills:
+    used, kills, healthy = set(), 0, 0
+    for e in events:
+        if e["event"] != "straggler" or not e.get("evicted"):
+            continue
         i = next((i for i, (t, rank) in enumerate(slow) if i not in used and rank == e.get("rank") and t <= e["time"]),
                  None)
-        if i is None:
-            healthy += 1
-        else:
+        if i is not None:
             used.add(i)
-    return len(kills), healthy
+            kills += 1
+        elif e["time"] <= end:
+            kills += 1
+            healthy += 1
+    return kills, healthy
 
 
 def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate) -> dict:
