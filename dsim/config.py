@@ -336,6 +336,10 @@ def validate(cfg: Config) -> None:
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")
+    for key in FAULT_RANK_KEYS:
+        r = getattr(f, key)
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
+            raise ConfigError(f"config: fault.{key} must be a rank (>= 0) or null, got {r!r}")
     if isinstance(f.step, list) and not (isinstance(f.rank, list) and len(f.rank) == len(f.step)):
         raise ConfigError(f"config: a list of fault.step needs a list of fault.rank as long, got {f.rank!r}")
     steps = f.step if isinstance(f.step, list) else [f.step]
@@ -386,6 +390,23 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config: data.path is required when data.name is {cfg.data.name}")
         if not Path(cfg.data.path).exists():
             raise ConfigError(f"config: data.path not found: {cfg.data.path}")
+
+
+FAULT_RANK_KEYS = ("last_gasp_kill", "last_gasp_stuck", "repair_kill", "repair_hang", "repair_stuck")  # each one rank
+
+
+def check_fault_ranks(f: FaultConfig, world_size: int) -> None:
+    """Every rank the fault settings name is a training rank of this job (0 .. world_size - 1, warm spares not
+    counted): a fault meant for rank 9 of 8 would never strike, and the run would look like one that survived it.
+    Only with fault.kind set, the settings that act then (a plan's entries name their own ranks)."""
+    if not f.kind:
+        return
+    named = [] if f.kind == "plan" else [("rank", r) for r in (f.rank if isinstance(f.rank, list) else [f.rank])]
+    named += [(key, getattr(f, key)) for key in FAULT_RANK_KEYS]
+    for key, r in named:
+        if r is not None and r >= world_size:
+            raise ConfigError(f"config: fault.{key}={r} is not a rank of this job: it trains on {world_size} rank(s), "
+                              f"0-{world_size - 1}")
 
 
 MAX_WIDTH = 1 << 16  # a wider layer would not fit in memory on any machine dsim runs on

@@ -11,7 +11,7 @@ import sys
 
 from . import guard
 from .checkpoint import CheckpointError
-from .config import ConfigError, load_config
+from .config import ConfigError, check_fault_ranks, load_config
 from .data import DatasetError
 from .faults import InjectedFault
 from .parallel.layout import LayoutError
@@ -91,6 +91,7 @@ def main(argv=None) -> int:
             if place is None:
                 return spares.finish(code)   # released: no collective left for it
             return join(take_place, place.world, place.pool, place.joining)
+        check_fault_ranks(cfg.fault, world.size)
         run = build_run(cfg, world)
         run.spares = pool
         if world.rank == 0:

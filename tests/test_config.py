@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import ROOT
-from dsim.config import ConfigError, load_config
+from dsim.config import ConfigError, check_fault_ranks, load_config, validate
 from dsim.engine.builder import resolve_layout
 
 
@@ -56,3 +56,22 @@ def test_bad_configs_give_one_line(tmp_path, text, msg):
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="file not found: nope.yaml"):
         load_config("nope.yaml")
+
+
+@pytest.mark.parametrize("overrides,msg", [
+    (["fault.repair_stuck=-1"], "fault.repair_stuck must be a rank (>= 0) or null, got -1"),
+    (["fault.last_gasp_kill=-3"], "fault.last_gasp_kill must be a rank (>= 0) or null, got -3"),
+    (["fault.kind=kill", "fault.step=3", "fault.rank=8"], "fault.rank=8 is not a rank of this job: it trains on 8 "
+                                                          "rank(s), 0-7"),
+    (["fault.kind=kill", "fault.step=[1, 2]", "fault.rank=[1, 9]"], "fault.rank=9 is not a rank of this job"),
+    (["fault.kind=kill", "fault.step=3", "fault.rank=2", "fault.repair_hang=8"], "fault.repair_hang=8 is not a rank"),
+])
+def test_a_fault_for_a_rank_the_job_does_not_have_is_refused(overrides, msg):
+    with pytest.raises(ConfigError) as err:
+        cfg = load_config(None, overrides)
+        validate(cfg)
+        check_fault_ranks(cfg.fault, 8)
+    assert msg in str(err.value) and "\n" not in str(err.value)
+    # the highest rank is one; with no fault, leftover ranks act on nothing and are let be
+    check_fault_ranks(load_config(None, ["fault.kind=kill", "fault.step=3", "fault.rank=7", "fault.repair_kill=7"]).fault, 8)
+    check_fault_ranks(load_config(None, ["fault.repair_kill=9"]).fault, 8)
