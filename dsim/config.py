@@ -409,6 +409,23 @@ def check_fault_ranks(f: FaultConfig, world_size: int) -> None:
                               f"0-{world_size - 1}")
 
 
+def check_fault_steps(f: FaultConfig, epochs: int, steps_per_epoch: int) -> None:
+    """The step (or epoch) a fault is set for is one the run reaches: one after its last would never strike either.
+    (One before the step a resume begins from may have struck already, in the run resumed: that one is let be.)"""
+    if not f.kind or f.kind == "plan":
+        return
+    last = epochs * steps_per_epoch
+    if f.at == "epoch_end":
+        if f.epoch is not None and f.epoch > epochs:
+            raise ConfigError(f"config: fault.epoch={f.epoch} is after the last epoch of this run ({epochs}): the "
+                              "fault would never strike")
+        return
+    late = [s for s in (f.step if isinstance(f.step, list) else [f.step]) if s is not None and s > last]
+    if late:
+        raise ConfigError(f"config: fault.step={late[0]} is after the last step of this run ({last}: {epochs} "
+                          f"epoch(s) x {steps_per_epoch} steps): the fault would never strike")
+
+
 MAX_WIDTH = 1 << 16  # a wider layer would not fit in memory on any machine dsim runs on
 
 

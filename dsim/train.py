@@ -11,7 +11,7 @@ import sys
 
 from . import guard
 from .checkpoint import CheckpointError
-from .config import ConfigError, check_fault_ranks, load_config
+from .config import ConfigError, check_fault_ranks, check_fault_steps, load_config
 from .data import DatasetError
 from .faults import InjectedFault
 from .parallel.layout import LayoutError
@@ -94,6 +94,7 @@ def main(argv=None) -> int:
         check_fault_ranks(cfg.fault, world.size)
         run = build_run(cfg, world)
         run.spares = pool
+        check_fault_steps(cfg.fault, cfg.train.epochs, run.loader.get_dataset_size())
         if world.rank == 0:
             print(describe(run), flush=True)
             why = ulfm.unavailable_reason()

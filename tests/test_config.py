@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import ROOT
-from dsim.config import ConfigError, check_fault_ranks, load_config, validate
+from dsim.config import ConfigError, check_fault_ranks, check_fault_steps, load_config, validate
 from dsim.engine.builder import resolve_layout
 
 
@@ -75,3 +75,15 @@ def test_a_fault_for_a_rank_the_job_does_not_have_is_refused(overrides, msg):
     # the highest rank is one; with no fault, leftover ranks act on nothing and are let be
     check_fault_ranks(load_config(None, ["fault.kind=kill", "fault.step=3", "fault.rank=7", "fault.repair_kill=7"]).fault, 8)
     check_fault_ranks(load_config(None, ["fault.repair_kill=9"]).fault, 8)
+
+
+def test_a_fault_after_the_runs_last_step_or_epoch_is_refused():
+    def check(*overrides):
+        check_fault_steps(load_config(None, ["fault.kind=kill", "fault.rank=[1, 2]", *overrides]).fault, 2, 10)
+    check("fault.step=[20, 20]")  # the last step
+    with pytest.raises(ConfigError, match=r"^config: fault.step=21 is after the last step of this run \(20: 2 epoch"):
+        check("fault.step=[3, 21]")
+    check("fault.at=epoch_end", "fault.epoch=2")
+    with pytest.raises(ConfigError, match=r"^config: fault.epoch=3 is after the last epoch of this run \(2\)"):
+        check("fault.at=epoch_end", "fault.epoch=3")
+    check_fault_steps(load_config(None, ["fault.step=99"]).fault, 2, 10)  # no fault: nothing acts on it

@@ -73,13 +73,17 @@ def test_a_job_without_room_for_its_spares_is_one_line(tmp_path):
         "does not divide the world size 7; launch mpirun -n 9 (8 training ranks + 1 spare(s))"], proc.stderr
 
 
-def test_a_fault_named_for_a_rank_the_job_does_not_train_on_is_one_line(tmp_path):
-    # 9 processes, 8 training ranks: the spare is no rank of the job. Before, rank 8's fault never struck and the
-    # run looked like one that survived it
-    proc = mpirun(9, ["-m", "dsim.train", *OPTS, *SPARE, *fault("kill", 2, "update", 5, "--set", "fault.repair_kill=8")],
-                  cwd=tmp_path, timeout=60, ft=True)
-    assert refused(proc) and error_lines(proc) == [
-        "dsim: error: config: fault.repair_kill=8 is not a rank of this job: it trains on 8 rank(s), 0-7"], proc.stderr
+@pytest.mark.parametrize("args,line", [
+    # 9 processes, 8 training ranks: the spare is no rank of the job
+    (fault("kill", 2, "update", 5, "--set", "fault.repair_kill=8"),
+     "fault.repair_kill=8 is not a rank of this job: it trains on 8 rank(s), 0-7"),
+    (fault("kill", 2, "update", 21), "fault.step=21 is after the last step of this run (20: 2 epoch(s) x 10 steps): "
+                                     "the fault would never strike"),
+], ids=["rank", "step"])
+def test_a_fault_the_job_would_never_meet_is_one_line(tmp_path, args, line):
+    # before, such a fault never struck, and the run looked like one that survived it
+    proc = mpirun(9, ["-m", "dsim.train", *OPTS, *SPARE, *args], cwd=tmp_path, timeout=60, ft=True)
+    assert refused(proc) and error_lines(proc) == [f"dsim: error: config: {line}"], proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
