@@ -409,9 +409,11 @@ def check_fault_ranks(f: FaultConfig, world_size: int) -> None:
                               f"0-{world_size - 1}")
 
 
-def check_fault_steps(f: FaultConfig, epochs: int, steps_per_epoch: int) -> None:
-    """The step (or epoch) a fault is set for is one the run reaches: one after its last would never strike either.
-    (One before the step a resume begins from may have struck already, in the run resumed: that one is let be.)"""
+def check_fault_steps(cfg: Config, steps_per_epoch: int) -> None:
+    """The step (or epoch) a fault is set for is one the run reaches, and at save or commit one that saves: a fault
+    anywhere else would never strike either. (One before the step a resume begins from may have struck already, in
+    the run resumed: that one is let be.)"""
+    f, epochs = cfg.fault, cfg.train.epochs
     if not f.kind or f.kind == "plan":
         return
     last = epochs * steps_per_epoch
@@ -420,10 +422,25 @@ def check_fault_steps(f: FaultConfig, epochs: int, steps_per_epoch: int) -> None
             raise ConfigError(f"config: fault.epoch={f.epoch} is after the last epoch of this run ({epochs}): the "
                               "fault would never strike")
         return
-    late = [s for s in (f.step if isinstance(f.step, list) else [f.step]) if s is not None and s > last]
+    steps = [s for s in (f.step if isinstance(f.step, list) else [f.step]) if s is not None]
+    late = [s for s in steps if s > last]
     if late:
         raise ConfigError(f"config: fault.step={late[0]} is after the last step of this run ({last}: {epochs} "
                           f"epoch(s) x {steps_per_epoch} steps): the fault would never strike")
+    if f.at in ("save", "commit"):
+        c = cfg.checkpoint
+        if not c.enabled:
+            raise ConfigError(f"config: fault.at={f.at} strikes in a checkpoint's save: it needs checkpoint.enabled")
+        every, per = c.save_checkpoint_steps, c.save_checkpoint_epochs  # (and the last step is always saved)
+        saves = [s for s in steps if s == last or every and s % every == 0
+                 or per and s % steps_per_epoch == 0 and (s // steps_per_epoch) % per == 0]
+        other = next((s for s in steps if s not in saves), None)
+        if other is not None:
+            how = "; ".join(x for x in (every and f"every {every} steps",
+                                        per and f"every {per} epoch(s) of {steps_per_epoch} steps") if x)
+            raise ConfigError(f"config: fault.step={other} saves no checkpoint (this run saves {how or 'only'}"
+                              f"{' and' if how else ''} at its last step, {last}): a fault at {f.at} would never "
+                              "strike")
 
 
 MAX_WIDTH = 1 << 16  # a wider layer would not fit in memory on any machine dsim runs on

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         check_fault_ranks(cfg.fault, world.size)
         run = build_run(cfg, world)
         run.spares = pool
-        check_fault_steps(cfg.fault, cfg.train.epochs, run.loader.get_dataset_size())
+        check_fault_steps(cfg, run.loader.get_dataset_size())
         if world.rank == 0:
             print(describe(run), flush=True)
             why = ulfm.unavailable_reason()

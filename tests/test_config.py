@@ -79,11 +79,22 @@ def test_a_fault_for_a_rank_the_job_does_not_have_is_refused(overrides, msg):
 
 def test_a_fault_after_the_runs_last_step_or_epoch_is_refused():
     def check(*overrides):
-        check_fault_steps(load_config(None, ["fault.kind=kill", "fault.rank=[1, 2]", *overrides]).fault, 2, 10)
+        check_fault_steps(load_config(None, ["fault.kind=kill", "fault.rank=[1, 2]", "train.epochs=2", *overrides]), 10)
     check("fault.step=[20, 20]")  # the last step
     with pytest.raises(ConfigError, match=r"^config: fault.step=21 is after the last step of this run \(20: 2 epoch"):
         check("fault.step=[3, 21]")
     check("fault.at=epoch_end", "fault.epoch=2")
     with pytest.raises(ConfigError, match=r"^config: fault.epoch=3 is after the last epoch of this run \(2\)"):
         check("fault.at=epoch_end", "fault.epoch=3")
-    check_fault_steps(load_config(None, ["fault.step=99"]).fault, 2, 10)  # no fault: nothing acts on it
+    check_fault_steps(load_config(None, ["fault.step=99"]), 10)  # no fault: nothing acts on it
+    # at save or commit: a step that saves (every 7 steps; every epoch of 10; the last, 20, always)
+    every7 = ["checkpoint.save_checkpoint_steps=7", "checkpoint.save_checkpoint_epochs=null"]
+    check("fault.at=save", "fault.step=[14, 20]", *every7)
+    check("fault.at=commit", "fault.step=[10, 20]")
+    with pytest.raises(ConfigError, match=r"^config: fault.step=13 saves no checkpoint \(this run saves every 7 steps "
+                                          r"and at its last step, 20\): a fault at save would never strike$"):
+        check("fault.at=save", "fault.step=[14, 13]", *every7)
+    with pytest.raises(ConfigError, match="saves only at its last step, 20"):
+        check("fault.at=save", "fault.step=[14, 14]", "checkpoint.save_checkpoint_epochs=null")
+    with pytest.raises(ConfigError, match="fault.at=commit strikes in a checkpoint's save: it needs checkpoint.enabled"):
+        check("fault.at=commit", "fault.step=[10, 10]", "checkpoint.enabled=false")
