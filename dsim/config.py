@@ -340,6 +340,14 @@ def validate(cfg: Config) -> None:
         r = getattr(f, key)
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
             raise ConfigError(f"config: fault.{key} must be a rank (>= 0) or null, got {r!r}")
+    if f.kind:  # a strike inside failure handling the config does not do would never come
+        t = cfg.tft
+        for key, needs, on in (("last_gasp_kill", "tft.ttp (the last-gasp save it strikes in)", t.ttp),
+                               ("last_gasp_stuck", "tft.ttp (the last-gasp save it strikes in)", t.ttp),
+                               *((k, "tft.arf or tft.uce (a repair in the job, which it strikes in)", t.arf or t.uce)
+                                 for k in ("repair_kill", "repair_hang", "repair_stuck"))):
+            if getattr(f, key) is not None and not on:
+                raise ConfigError(f"config: fault.{key} needs {needs}")
     if isinstance(f.step, list) and not (isinstance(f.rank, list) and len(f.rank) == len(f.step)):
         raise ConfigError(f"config: a list of fault.step needs a list of fault.rank as long, got {f.rank!r}")
     steps = f.step if isinstance(f.step, list) else [f.step]

@@ -64,7 +64,13 @@ def test_missing_config_file():
     (["fault.kind=kill", "fault.step=3", "fault.rank=8"], "fault.rank=8 is not a rank of this job: it trains on 8 "
                                                           "rank(s), 0-7"),
     (["fault.kind=kill", "fault.step=[1, 2]", "fault.rank=[1, 9]"], "fault.rank=9 is not a rank of this job"),
-    (["fault.kind=kill", "fault.step=3", "fault.rank=2", "fault.repair_hang=8"], "fault.repair_hang=8 is not a rank"),
+    (["fault.kind=kill", "fault.step=3", "fault.rank=2", "tft.arf=true", "fault.repair_hang=8"],
+     "fault.repair_hang=8 is not a rank"),
+    # strikes inside failure handling the config does not do
+    (["fault.kind=kill", "fault.step=3", "fault.rank=2", "fault.repair_kill=1"],
+     "fault.repair_kill needs tft.arf or tft.uce (a repair in the job, which it strikes in)"),
+    (["fault.kind=kill", "fault.step=3", "fault.rank=2", "fault.last_gasp_stuck=1"],
+     "fault.last_gasp_stuck needs tft.ttp (the last-gasp save it strikes in)"),
 ])
 def test_a_fault_for_a_rank_the_job_does_not_have_is_refused(overrides, msg):
     with pytest.raises(ConfigError) as err:
@@ -73,7 +79,8 @@ def test_a_fault_for_a_rank_the_job_does_not_have_is_refused(overrides, msg):
         check_fault_ranks(cfg.fault, 8)
     assert msg in str(err.value) and "\n" not in str(err.value)
     # the highest rank is one; with no fault, leftover ranks act on nothing and are let be
-    check_fault_ranks(load_config(None, ["fault.kind=kill", "fault.step=3", "fault.rank=7", "fault.repair_kill=7"]).fault, 8)
+    check_fault_ranks(load_config(None, ["fault.kind=kill", "fault.step=3", "fault.rank=7", "tft.spares=1",
+                                         "fault.repair_kill=7", "fault.last_gasp_kill=0"]).fault, 8)  # (spares: arf, ttp)
     check_fault_ranks(load_config(None, ["fault.repair_kill=9"]).fault, 8)
 
 
