@@ -188,3 +188,50 @@ def test_without_fault_tolerance_the_last_gasp_says_it_is_unavailable(tmp_path):
     assert ("dsim: warning: the last-gasp checkpoint (TTP) is unavailable: MPI fault tolerance is off in this job: "
             "launch with launch/run_parallel_save_ckpt.sh (mpirun --with-ft ulfm); periodic checkpoints and --resume "
             "still work") in proc.stderr, proc.stderr
+
+
+LATE_BEGINNER = '''
+import numpy as np
+import dsim
+from dsim import nn
+from dsim.dataset import SyntheticMnist
+from dsim.faults import FaultInjector
+
+dsim.set_auto_parallel_context(model_parallel=1)
+dsim.init()
+
+
+class Late(dsim.Callback):
+    """Rank 6 begins late: in a begin hook, it waits for a message rank 3 never sends (rank 3 goes on to step 1)."""
+
+    def begin(self, run_context):
+        cb = run_context.original_args()
+        if cb.rank == 6:
+            cb.model.groups.world.Recv(np.empty(1), source=3, tag=77)
+
+
+class Network(nn.SequentialCell):
+    def __init__(self):
+        super().__init__()
+        self.layers = [nn.Flatten(), nn.Dense("layer1", 784, 32), nn.ReLU(), nn.Dense("layer2", 32, 10)]
+
+
+net = Network()
+optimizer = nn.OptTFTWrapper(nn.SGD(net.trainable_params(), 1e-2))
+model = dsim.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
+model.train(1, SyntheticMnist(640).batch(32), callbacks=[FaultInjector("kill", 3, 1, at="forward"), Late(),
+                                                      dsim.TrainFaultTolerance("./ttp_checkpoints/")])
+'''
+
+
+def test_a_rank_still_beginning_when_another_dies_falls_back_with_the_others(tmp_path):
+    """Rank 3 dies in step 1 while rank 6 is still in a begin hook's wait (in CI: the checkpoint's all-gather, under
+    load). Rank 6 must join the others' failure handling: before, it fell back to the last gasp alone while the
+    others began a repair in the job (tft.uce), their collectives no longer matched, and the job hung."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_BEGINNER)
+    proc = mpirun(8, [str(script)], cwd=tmp_path, timeout=90, ft=True)
+    (line,) = error_lines(proc)
+    assert proc.returncode == 1 and line.startswith(
+        "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-1_0 (global step 0) committed in "
+        "ttp_checkpoints/tft_saved_checkpoints-step_0 by 7 survivors"), proc.stderr

@@ -198,13 +198,15 @@ class Model:
         )
         ctx = RunContext(cb)
         self._epoch_open = None  # a train() call begins its first epoch (an earlier call may have stopped in one)
-        for c in callbacks:
-            if joining is not None and hasattr(c, "join"):
-                c.join(ctx, joining)
-            else:
-                c.begin(ctx)
         if joining is not None:
+            for c in callbacks:
+                if hasattr(c, "join"):
+                    c.join(ctx, joining)
+                else:
+                    c.begin(ctx)
             _recovered(callbacks, ctx, train_dataset, train_dataset.init_step)
+        else:
+            self._begin(callbacks, ctx, train_dataset)
         while True:
             try:
                 self._loop(epoch, train_dataset, callbacks, ctx)
@@ -218,15 +220,39 @@ class Model:
                     raise
                 else:
                     step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
-                cb.rank, cb.world_size, cb.layout = self.groups.rank, self.groups.world.size, self.groups.layout.to_dict()
-                cb.network, cb.optimizer = self.network, self.optimizer  # new ones after an elastic shrink
-                train_dataset.set_init_step(step)
+                self._went_back(cb, train_dataset, step)
                 _recovered(callbacks, ctx, train_dataset, step)
                 if ending is not None and ending.global_step == step:  # training goes on after that step
                     self._finish(ending, callbacks, ctx)
         train_dataset.set_init_step(cb.cur_step_num)
         _call(callbacks, "end", ctx)
         return cb
+
+    def _begin(self, callbacks, ctx, train_dataset):
+        """The callbacks' begin hooks. A rank slow to begin may learn of a death in one of their collectives (the
+        checkpoint's) while the others, past it, are in the first step: it joins their repair in the job, then
+        runs the hooks it had not run (those after the checkpoint's only set up this process), and goes on with
+        them. (Before 2026-11-28 it fell back to the last gasp alone: its collectives no longer matched the
+        others' repair, and the job hung. Seen in CI: rank 3 killed in step 1, rank 6 still in the checkpoint's
+        all-gather.)"""
+        for i, c in enumerate(callbacks):
+            try:
+                c.begin(ctx)
+            except Exception as e:
+                if self.recovery is None or not self.recovery.handles(e):
+                    raise
+                step = self.recovery.recover(e, callbacks)  # raises when it cannot repair: the caller falls back
+                self._went_back(ctx.original_args(), train_dataset, step)
+                for later in callbacks[i + 1:]:
+                    later.begin(ctx)
+                _recovered(callbacks, ctx, train_dataset, step)
+                return
+
+    def _went_back(self, cb, train_dataset, step: int) -> None:
+        """After a repair in the job: this rank's place (renumbered by an elastic shrink), and the step to redo."""
+        cb.rank, cb.world_size, cb.layout = self.groups.rank, self.groups.world.size, self.groups.layout.to_dict()
+        cb.network, cb.optimizer = self.network, self.optimizer  # new ones after an elastic shrink
+        train_dataset.set_init_step(step)
 
     def _loop(self, epoch, train_dataset, callbacks, ctx):
         """Train from the dataset's position. After an in-job repair in the middle of an epoch this process had
