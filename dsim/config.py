@@ -336,18 +336,15 @@ def validate(cfg: Config) -> None:
     ranks = f.rank if isinstance(f.rank, list) else [f.rank]
     if f.rank is not None and not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
         raise ConfigError(f"config: fault.rank must be a rank, a list of ranks or null, got {f.rank!r}")
+    handling = {"last_gasp": ("tft.ttp (the last-gasp save it strikes in)", cfg.tft.ttp),
+                "repair": ("tft.arf or tft.uce (a repair in the job, which it strikes in)", cfg.tft.arf or cfg.tft.uce)}
     for key in FAULT_RANK_KEYS:
         r = getattr(f, key)
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
             raise ConfigError(f"config: fault.{key} must be a rank (>= 0) or null, got {r!r}")
-    if f.kind:  # a strike inside failure handling the config does not do would never come
-        t = cfg.tft
-        for key, needs, on in (("last_gasp_kill", "tft.ttp (the last-gasp save it strikes in)", t.ttp),
-                               ("last_gasp_stuck", "tft.ttp (the last-gasp save it strikes in)", t.ttp),
-                               *((k, "tft.arf or tft.uce (a repair in the job, which it strikes in)", t.arf or t.uce)
-                                 for k in ("repair_kill", "repair_hang", "repair_stuck"))):
-            if getattr(f, key) is not None and not on:
-                raise ConfigError(f"config: fault.{key} needs {needs}")
+        needs, on = handling[key.rsplit("_", 1)[0]]
+        if r is not None and f.kind and not on:  # a strike inside failure handling the config does not do: never
+            raise ConfigError(f"config: fault.{key} needs {needs}")
     if isinstance(f.step, list) and not (isinstance(f.rank, list) and len(f.rank) == len(f.step)):
         raise ConfigError(f"config: a list of fault.step needs a list of fault.rank as long, got {f.rank!r}")
     steps = f.step if isinstance(f.step, list) else [f.step]
@@ -400,7 +397,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config: data.path not found: {cfg.data.path}")
 
 
-FAULT_RANK_KEYS = ("last_gasp_kill", "last_gasp_stuck", "repair_kill", "repair_hang", "repair_stuck")  # each one rank
+# each one rank, struck inside the last gasp or a repair in the job
+FAULT_RANK_KEYS = ("last_gasp_kill", "last_gasp_stuck", "repair_kill", "repair_hang", "repair_stuck")
 
 
 def check_fault_ranks(f: FaultConfig, world_size: int) -> None:
@@ -436,19 +434,16 @@ def check_fault_steps(cfg: Config, steps_per_epoch: int) -> None:
         raise ConfigError(f"config: fault.step={late[0]} is after the last step of this run ({last}: {epochs} "
                           f"epoch(s) x {steps_per_epoch} steps): the fault would never strike")
     if f.at in ("save", "commit"):
-        c = cfg.checkpoint
-        if not c.enabled:
+        from .checkpoint import CheckpointConfig
+        if not cfg.checkpoint.enabled:
             raise ConfigError(f"config: fault.at={f.at} strikes in a checkpoint's save: it needs checkpoint.enabled")
-        every, per = c.save_checkpoint_steps, c.save_checkpoint_epochs  # (and the last step is always saved)
-        saves = [s for s in steps if s == last or every and s % every == 0
-                 or per and s % steps_per_epoch == 0 and (s // steps_per_epoch) % per == 0]
-        other = next((s for s in steps if s not in saves), None)
+        c = CheckpointConfig(cfg.checkpoint.save_checkpoint_steps, cfg.checkpoint.save_checkpoint_epochs)  # the saver's
+        other = next((s for s in steps if s != last and not c.due(s, steps_per_epoch)), None)  # (the last: saved too)
         if other is not None:
-            how = "; ".join(x for x in (every and f"every {every} steps",
-                                        per and f"every {per} epoch(s) of {steps_per_epoch} steps") if x)
-            raise ConfigError(f"config: fault.step={other} saves no checkpoint (this run saves {how or 'only'}"
-                              f"{' and' if how else ''} at its last step, {last}): a fault at {f.at} would never "
-                              "strike")
+            how = (f"every {c.save_checkpoint_steps} steps" if c.save_checkpoint_steps else
+                   f"every {c.save_checkpoint_epochs} epoch(s) of {steps_per_epoch} steps")
+            raise ConfigError(f"config: fault.step={other} saves no checkpoint (this run saves {how} and at its last "
+                              f"step, {last}): a fault at {f.at} would never strike")
 
 
 MAX_WIDTH = 1 << 16  # a wider layer would not fit in memory on any machine dsim runs on

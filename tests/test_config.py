@@ -101,7 +101,9 @@ def test_a_fault_after_the_runs_last_step_or_epoch_is_refused():
     with pytest.raises(ConfigError, match=r"^config: fault.step=13 saves no checkpoint \(this run saves every 7 steps "
                                           r"and at its last step, 20\): a fault at save would never strike$"):
         check("fault.at=save", "fault.step=[14, 13]", *every7)
-    with pytest.raises(ConfigError, match="saves only at its last step, 20"):
-        check("fault.at=save", "fault.step=[14, 14]", "checkpoint.save_checkpoint_epochs=null")
+    with pytest.raises(ConfigError, match=r"saves every 1 epoch\(s\) of 10 steps and at its last step, 20"):
+        check("fault.at=save", "fault.step=[14, 14]")
+    # neither set: the saver saves every step (MindSpore's default), so any step saves
+    check("fault.at=save", "fault.step=[13, 13]", "checkpoint.save_checkpoint_epochs=null")
     with pytest.raises(ConfigError, match="fault.at=commit strikes in a checkpoint's save: it needs checkpoint.enabled"):
         check("fault.at=commit", "fault.step=[10, 10]", "checkpoint.enabled=false")

@@ -26,6 +26,12 @@ class CheckpointConfig:
     async_save: bool = False
     async_staging: str = "memory"
 
+    def due(self, step: int, steps_per_epoch: int) -> bool:
+        """Whether global step `step` (1-based) ends with a periodic save: every save_checkpoint_steps steps, or at
+        the end of every save_checkpoint_epochs-th epoch. (ModelCheckpoint also saves the last step of training.)"""
+        n, e = self.save_checkpoint_steps, self.save_checkpoint_epochs
+        return bool(n and step % n == 0 or e and step % steps_per_epoch == 0 and (step // steps_per_epoch) % e == 0)
+
     def __post_init__(self):
         if self.save_checkpoint_steps is None and self.save_checkpoint_epochs is None:
             self.save_checkpoint_steps = 1  # MindSpore's default

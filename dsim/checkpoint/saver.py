@@ -260,10 +260,7 @@ class ModelCheckpoint(Callback):
         notes = [n for n in cb.model.groups.world.allgather(note) if n]
         if notes and cb.rank == 0:
             say(notes[0])
-        steps, epochs = self.config.save_checkpoint_steps, self.config.save_checkpoint_epochs
-        due = (steps and cb.cur_step_num % steps == 0) or (
-            epochs and cb.cur_step_num % cb.batch_num == 0 and cb.cur_epoch_num % epochs == 0)
-        if cb.cur_step_num and due and not self._committed_before(cb):
+        if cb.cur_step_num and self.config.due(cb.cur_step_num, cb.batch_num) and not self._committed_before(cb):
             self.save(cb)
 
     def _committed_before(self, cb) -> bool:
