@@ -59,6 +59,9 @@ def test_two_kills_continue_on_six_then_four_ranks(tmp_path, want):
     events = [json.loads(x) for x in (job / "run" / "metrics.jsonl").read_text().splitlines()]
     shrinks = [(e["global_step"], e["world_size"], e["idle"]) for e in events if e["event"] == "elastic"]
     assert shrinks == [(11, 6, 1), (15, 4, 1)]
+    verify = mpirun(1, ["-m", "dsim.inspect", str(ckpt), "--verify"], cwd=job)  # saved by worlds of 6 and of 4
+    assert verify.returncode == 0 and f"{ckpt}: clean" in verify.stdout, verify.stdout + verify.stderr
+    assert "verify network-2_4: ok (6 files" in verify.stdout and "verify network-2_10: ok (4 files" in verify.stdout
     resumed = mpirun(4, [*RUN, "--set", "train.epochs=3", "--resume", "auto"], cwd=job, check=0)
     assert "dsim: resumed from run/checkpoints/rank_0/network-2_10.h5 (global step 20: epoch 3 step 0)" in resumed.stdout
 

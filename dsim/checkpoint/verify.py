@@ -4,7 +4,9 @@ For a checkpoint of a directory (catalog.Checkpoint):
 1. every rank's file named by the commit record exists, is a dsim checkpoint of the committed step and
    of that rank, and every dataset's CRC-32 matches its data;
 2. for every parameter and optimizer state, the distinct slices held by the ranks tile the global shape:
-   no gap, no overlap (coverage.py, from the offsets/extents attributes), and every rank holds every tensor;
+   no gap, no overlap (coverage.py, from the offsets/extents attributes), and every rank that should hold a
+   tensor does: its holders in the commit record's slices, else every rank of the pipeline stages holding it
+   (a pipeline stage holds only its own layers' tensors);
 3. the ranks of each replica set (group info) hold the same slices with the same checksums, so any one
    of them can stand in for another, as recovery assumes;
 4. every file holds exactly the slices the commit record's `slices` give its rank (record.py).
@@ -124,9 +126,12 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
     # 2. coverage of every tensor by the distinct slices of all ranks
     names = sorted({n for ix in good.values() for n in ix.tensors})
     v.tensors = len(names)
+    planned = planned_holders(record)
+    stages = checkpoint.layout()
     for name in names:
         held = {r: ix.tensors[name] for r, ix in good.items() if name in ix.tensors}
-        lacking = sorted(set(good) - set(held))
+        expected = planned.get(name) if planned is not None else stage_holders(stages, held, good)
+        lacking = sorted((expected or set()) & set(good) - set(held))
         if lacking:
             v.problems.append(f"{name}: missing from the file(s) of rank(s) {_ranks(lacking)}")
         shapes = {t[0] for t in held.values()}
@@ -164,6 +169,27 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
                                   f"slices or data of {', '.join(differ[:3])}" + (" …" if len(differ) > 3 else ""))
     v.problems += slice_problems(record, good)
     return v
+
+
+def planned_holders(record: dict):
+    """tensor name -> the ranks whose file holds a slice of it, from the commit record's slices; None for a record
+    of the format before, which has none (or malformed ones: step 4 reports those)."""
+    out = {}
+    try:
+        for s in record["slices"]:
+            ranks = progression.members(progression.set_from_json(s["holders"], f"holders of {s['tensor']}"))
+            out.setdefault(s["tensor"], set()).update(ranks)
+    except (KeyError, TypeError, CheckpointError):
+        return None
+    return out
+
+
+def stage_holders(layout, held: dict, good: dict) -> set:
+    """Without planned slices: the ranks that should hold a tensor held by `held`: every rank of each pipeline
+    stage one of its holders is on (every rank when the layout is unknown or has one stage)."""
+    if layout is None or layout.pipeline_stage <= 1 or any(h >= layout.world_size for h in held):
+        return set(good)
+    return {r for h in held for r in layout.stage_ranks(layout.coords(h).stage)}
 
 
 def slice_problems(record: dict, good: dict) -> list:
