@@ -25,150 +25,246 @@ class ConfigError(ValueError):
     """A configuration that cannot be run."""
 
 
+def key(default=dataclasses.MISSING, doc: str = "", allowed=None, *, factory=None):
+    """A config key: its default, one line of meaning, and its allowed values when the type leaves them open (a
+    string, or a function giving the names of a registry). `python -m dsim.config --reference` prints them all."""
+    meta = {"doc": doc, "allowed": allowed}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _models():
+    from .nn.models import MODELS
+    return MODELS
+
+
+def _optimizers():
+    from .optim import OPTIMIZERS
+    return OPTIMIZERS
+
+
+def _datasets():
+    from .data.factory import NAMES
+    return NAMES
+
+
+def _schedules():
+    from .optim.schedule import LRSchedule
+    return LRSchedule.NAMES
+
+
+def _pipeline_schedules():
+    from .parallel.pipeline import SCHEDULES
+    return SCHEDULES
+
+
+def _fault_points():
+    from .faults import POINTS
+    return POINTS
+
+
+def _stagings():
+    from .checkpoint.config import ASYNC_STAGING
+    return ASYNC_STAGING
+
+
 @dataclass
 class ParallelConfig:
-    data_parallel: Optional[int] = None  # None: world size / model_parallel
-    model_parallel: int = 4
-    optimizer_shard: int = 1
-    vocab_emb_dp: bool = True      # transformer: word embeddings whole on every rank (false: split over mp)
-    pipeline_stage: int = 1        # p stages of dp x mp ranks each (MindSpore's pipeline_stages)
-    micro_batch_num: int = 1       # micro-batches per step (MindSpore's PipelineCell(net, micro_batch_num)), >= p
-    pipeline_schedule: str = "1f1b"  # 1f1b (MindSpore's) | gpipe (all forwards, then all backwards)
+    """How the ranks share the model (MindSpore's device matrix, model parallel innermost)."""
+    data_parallel: Optional[int] = key(None, "data-parallel replicas; null: the world size / (model_parallel x "
+                                             "pipeline_stage)", ">= 1 or null")
+    model_parallel: int = key(4, "ranks that split each layer (Megatron-style column / row slices)", ">= 1")
+    optimizer_shard: int = key(1, "ranks of a data-parallel group that each update 1/k of a weight and its "
+                                  "optimizer state (MindSpore's optimizer_weight_shard_size)", "1, a divisor of dp, or dp")
+    vocab_emb_dp: bool = key(True, "transformer: word embeddings whole on every rank (false: vocabulary split over mp)")
+    pipeline_stage: int = key(1, "pipeline stages, each a block of dp x mp consecutive ranks (MindSpore's "
+                                 "pipeline_stages)", ">= 1, dividing the world")
+    micro_batch_num: int = key(1, "micro-batches each rank's part of the global batch is cut into "
+                                  "(MindSpore's PipelineCell(net, micro_batch_num))", ">= pipeline_stage")
+    pipeline_schedule: str = key("1f1b", "order of micro-batch forwards and backwards: 1f1b (MindSpore's) or gpipe "
+                                         "(all forwards, then all backwards)", _pipeline_schedules)
 
 
 @dataclass
 class TransformerConfig:
     """The distributed page's sample Transformer (its defaults)."""
-    vocab_size: int = 20000
-    d_model: int = 128
-    num_heads: int = 8
-    ffn_hidden_size: Optional[int] = None   # None: d_model, as the sample
-    encoder_layers: int = 1
-    decoder_layers: int = 1
-    src_len: int = 10
-    tgt_len: int = 10
-    max_position: Optional[int] = None      # position table size; None: the longer of src_len, tgt_len
+    vocab_size: int = key(20000, "vocabulary size of each side (source and target)", ">= 4")
+    d_model: int = key(128, "width of the embeddings and of every block", ">= 1")
+    num_heads: int = key(8, "attention heads (divisible by model_parallel)", ">= 1")
+    ffn_hidden_size: Optional[int] = key(None, "width of the feed-forward layer; null: d_model, as the sample",
+                                         ">= 1 or null")
+    encoder_layers: int = key(1, "encoder blocks", ">= 1")
+    decoder_layers: int = key(1, "decoder blocks", ">= 1")
+    src_len: int = key(10, "source sequence length in tokens", ">= 1")
+    tgt_len: int = key(10, "target sequence length in tokens", ">= 1")
+    max_position: Optional[int] = key(None, "size of the position table; null: the longer of src_len and tgt_len",
+                                      ">= 1 or null")
 
 
 @dataclass
 class ModelConfig:
-    name: str = "network"          # network | uce_network | lenet5 | transformer
-    hidden: Optional[list[int]] = None  # MLPs: override the hidden widths, e.g. [64, 128, 128, 64]
-    transformer: TransformerConfig = field(default_factory=TransformerConfig)
+    """Which network is trained."""
+    name: str = key("network", "the network: the last-gasp page's MLP (network), the UCE page's (uce_network), "
+                               "LeNet5 or the distributed page's Transformer", _models)
+    hidden: Optional[list[int]] = key(None, "MLPs: the hidden widths instead of the model's, e.g. [64, 128, 128, 64]",
+                                      "widths 1 to 65536, or null")
+    transformer: TransformerConfig = key(doc="the Transformer's sizes (model.name: transformer)",
+                                         factory=TransformerConfig)
 
 
 @dataclass
 class ScheduleConfig:
-    name: str = "constant"         # constant | cosine | exponential
-    warmup_steps: int = 0
-    decay_steps: int = 1000
-    decay_rate: float = 0.9
-    min_lr: float = 0.0
+    """The learning-rate schedule, a function of the global step."""
+    name: str = key("constant", "the schedule's shape after warmup", _schedules)
+    warmup_steps: int = key(0, "steps of linear warmup from 0 to the learning rate", ">= 0")
+    decay_steps: int = key(1000, "cosine: steps from the peak to min_lr; exponential: steps per decay_rate factor",
+                           ">= 1")
+    decay_rate: float = key(0.9, "exponential: the factor applied every decay_steps", "> 0")
+    min_lr: float = key(0.0, "cosine: the learning rate the decay ends at", ">= 0")
 
 
 @dataclass
 class OptimizerConfig:
-    name: str = "momentum"         # sgd | momentum | adam | adamweightdecay
-    learning_rate: float = 0.02
-    momentum: float = 0.9
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The optimizer (MindSpore's names and semantics)."""
+    name: str = key("momentum", "sgd, momentum (ApplyMomentum), adam, or adamweightdecay (MindSpore's: no bias "
+                                "correction, no decay on LayerNorm and biases)", _optimizers)
+    learning_rate: float = key(0.02, "the peak learning rate", "> 0")
+    momentum: float = key(0.9, "momentum: the moment's decay", "[0, 1)")
+    beta1: float = key(0.9, "adam, adamweightdecay: first moment's decay", "[0, 1)")
+    beta2: float = key(0.999, "adam, adamweightdecay: second moment's decay", "[0, 1)")
+    eps: float = key(1e-8, "adam, adamweightdecay: added to the second moment's square root", "> 0")
+    weight_decay: float = key(0.0, "adamweightdecay: decoupled weight decay", ">= 0")
+    schedule: ScheduleConfig = key(doc="the learning-rate schedule", factory=ScheduleConfig)
 
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"        # synthetic | mnist (idx files) | translation (toy task) | text (pairs file)
-    path: Optional[str] = None     # mnist: e.g. MNIST_Data/train; text: a file of source<TAB>target lines
-    num_samples: int = 1920        # synthetic and translation (generated on demand)
-    batch_size: int = 32           # the global batch, split over the data-parallel ranks
-    shuffle: bool = True
-    eval_samples: int = 0          # held-out samples (after the training ones; of a file, its last): accuracy per epoch
+    """The training data; every random state derives from `seed`."""
+    name: str = key("synthetic", "synthetic (MNIST-shaped, generated), mnist (idx files), translation (the "
+                                 "transformer's toy task) or text (a source<TAB>target file)", _datasets)
+    path: Optional[str] = key(None, "mnist: the idx files' directory (e.g. MNIST_Data/train); text: the pairs file",
+                              "a path; required for mnist and text")
+    num_samples: int = key(1920, "synthetic and translation: samples generated", ">= 1")
+    batch_size: int = key(32, "the global batch, split over the data-parallel ranks", ">= 1")
+    shuffle: bool = key(True, "shuffle every epoch (from the seed)")
+    eval_samples: int = key(0, "held-out samples (after the training ones; of a file, its last), evaluated after "
+                               "every epoch", ">= 0; 0 with pipeline_stage > 1")
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 2
-    steps_per_epoch: Optional[int] = None  # cut epochs short (None: the whole dataset)
+    """How long training runs."""
+    epochs: int = key(2, "epochs to train (the last epoch, on a resume)", ">= 1")
+    steps_per_epoch: Optional[int] = key(None, "cut every epoch to this many steps; null: the whole dataset",
+                                         ">= 1 or null")
 
 
 @dataclass
 class CheckpointSection:
-    enabled: bool = True
-    prefix: str = "network"
-    directory: Optional[str] = None          # default: <output.dir>/checkpoints
-    save_checkpoint_steps: Optional[int] = None
-    save_checkpoint_epochs: Optional[int] = 1
-    keep_checkpoint_max: int = 5
-    integrated_save: bool = False            # False: each rank saves only its own slices
-    append_info: list[Any] = field(default_factory=lambda: ["epoch_num", "step_num"])
-    group_info_file: Optional[str] = None    # also $GROUP_INFO_FILE; "{rank}" is replaced by the rank
-    on_save_error: str = "stop"              # stop (exit 1) | continue (warn, retry at the next save)
-    async_save: bool = False                 # write in a background thread from a snapshot; commit when all are durable
-    async_staging: str = "memory"            # the snapshot: memory (a reused buffer) | page_cache (the file itself)
-    save_on_signal: bool = False             # SIGUSR2 / SIGTERM: stop after a step all ranks agree on, saved (exit 128+sig)
+    """Periodic checkpoints (MindSpore's CheckpointConfig and ModelCheckpoint)."""
+    enabled: bool = key(True, "save checkpoints")
+    prefix: str = key("network", "file name prefix: <prefix>-<epoch>_<step>; a prefix in use gets _1, _2, ...",
+                      "a plain file name (no '/')")
+    directory: Optional[str] = key(None, "where checkpoints go; null: <output.dir>/checkpoints",
+                                   "a writable directory or null")
+    save_checkpoint_steps: Optional[int] = key(None, "save every N steps (set this or save_checkpoint_epochs; "
+                                                     "neither: every step)", ">= 1 or null")
+    save_checkpoint_epochs: Optional[int] = key(1, "save at the end of every N-th epoch", ">= 1 or null")
+    keep_checkpoint_max: int = key(5, "committed checkpoints kept; the oldest is removed after a new one commits",
+                                   ">= 1")
+    integrated_save: bool = key(False, "one file of whole tensors instead of each rank saving only its own slices")
+    append_info: list[Any] = key(doc="extra values saved in every file: epoch_num, step_num and {name: value} "
+                                     "mappings", allowed="'epoch_num', 'step_num' or {str: number | bool | str}",
+                                 factory=lambda: ["epoch_num", "step_num"])
+    group_info_file: Optional[str] = key(None, "also write the rank's group info here ({rank} becomes the rank); "
+                                               "$GROUP_INFO_FILE sets it too", "a path or null")
+    on_save_error: str = key("stop", "a save the storage refuses: stop (exit 1) or continue (warn, try again at the "
+                                     "next save)", "stop | continue")
+    async_save: bool = key(False, "write the files in a background thread; commit once every rank's file is durable")
+    async_staging: str = key("memory", "where an async save stages the state: memory (a reused buffer) or "
+                                       "page_cache (the file itself)", _stagings)
+    save_on_signal: bool = key(False, "on SIGUSR2 or SIGTERM, stop after a step every rank agrees on, save it, and "
+                                      "exit 128 + the signal", "needs enabled")
 
 
 @dataclass
 class FaultConfig:
-    kind: Optional[str] = None               # null (off) | exception | kill | uce (memory error) | hang | stuck | deadlock
-                                             # | unmatched | slow | sdc | plan ($DSIM_FAULT_PLAN)
-    rank: Any = None                         # null: every rank; or a rank, or a list of ranks
-    last_gasp_kill: Optional[int] = None     # also kill this rank half-way through its last-gasp writes
-    last_gasp_stuck: Optional[int] = None    # this rank's last-gasp write never returns (found by tft.hang_timeout)
-    repair_kill: Optional[int] = None        # also kill this rank during a repair in the job (at repair_at)
-    repair_hang: Optional[int] = None        # this rank freezes (SIGSTOP) during a repair in the job (at repair_at)
-    repair_stuck: Optional[int] = None       # this rank's repair stops, its process runs (at repair_at; found stuck by
-                                             # tft.hang_timeout's watch)
-    repair_at: str = "refill"                # refill (the dead rank's place not filled yet) | exchange (filled)
-    spare_hang: bool = False                 # the warm spares (tft.spares) freeze (SIGSTOP) as they begin to wait
-    step: Any = None                         # global step (1-based); or one per rank of a rank list
-    epoch: Optional[int] = None              # with at: epoch_end
-    at: str = "step_end"                     # step_end | epoch_end | forward | allreduce | update | save | commit
-    slowdown: float = 4.0                    # kind slow: from then on the rank computes this many times slower
+    """Fault injection, to practise recovery."""
+    kind: Optional[str] = key(None, "what fails: null (nothing), exception, kill (SIGKILL), uce (a memory error), "
+                                    "hang (SIGSTOP), stuck (main thread stops), deadlock, unmatched, slow, sdc (a "
+                                    "flipped bit) or plan ($DSIM_FAULT_PLAN)",
+                              "null | exception | kill | uce | hang | stuck | deadlock | unmatched | slow | sdc | plan")
+    rank: Any = key(None, "the rank that fails; a list for several; null: every rank", "a rank, a list of ranks, or null")
+    last_gasp_kill: Optional[int] = key(None, "also kill this rank half-way through its last-gasp writes",
+                                        "a training rank or null; needs tft.ttp")
+    last_gasp_stuck: Optional[int] = key(None, "this rank's last-gasp write never returns (found by tft.hang_timeout)",
+                                         "a training rank or null; needs tft.ttp")
+    repair_kill: Optional[int] = key(None, "also kill this rank during a repair in the job (at repair_at)",
+                                     "a training rank or null; needs tft.arf or tft.uce")
+    repair_hang: Optional[int] = key(None, "this rank freezes (SIGSTOP) during a repair in the job (at repair_at)",
+                                     "a training rank or null; needs tft.arf or tft.uce")
+    repair_stuck: Optional[int] = key(None, "this rank's repair stops while its process runs (at repair_at)",
+                                      "a training rank or null; needs tft.arf or tft.uce")
+    repair_at: str = key("refill", "where in a repair the repair_* faults strike: refill (the dead rank's place not "
+                                   "filled yet) or exchange (filled, state not moved yet)", "refill | exchange")
+    spare_hang: bool = key(False, "the warm spares freeze (SIGSTOP) as they begin to wait", "needs tft.spares")
+    step: Any = key(None, "the global step (1-based) the fault strikes at; a list gives one per rank of a rank list",
+                    "a step >= 1 up to the run's last, or a list")
+    epoch: Optional[int] = key(None, "the epoch, with at: epoch_end", ">= 1 up to the run's last, or null")
+    at: str = key("step_end", "where in the step it strikes", _fault_points)
+    slowdown: float = key(4.0, "kind slow: how many times slower the rank computes from then on", "> 1")
 
 
 @dataclass
 class TFTConfig:
     """Fault tolerance (MindSpore's MS_ENABLE_TFT='{TTP:1,UCE:1,ARF:1}' sets the same switches)."""
-    ttp: bool = False                        # last-gasp checkpoint from the survivors when a rank dies
-    uce: bool = False                        # repair a rank's memory error in the job from a replica (implies ttp)
-    uce_in_place: bool = True                # with uce, one found in a forward pass: only that rank repairs, the others go on
-    arf: bool = False                        # replace a dead process in the job (respawn; implies ttp)
-    spares: int = 0                          # warm spare processes started with the job (mpirun -n ranks + spares; implies arf)
-    elastic: bool = False                    # no replacement for a dead rank: go on with fewer ranks (lower dp; implies ttp)
-    hang_timeout: Optional[float] = None     # seconds a frozen or stuck rank is waited for, then killed (dsim.ft.hang)
-    deadlock_timeout: Optional[float] = None  # seconds every rank may wait, none progressing, before it is broken
-                                             # as deadlocked (default: 10 x hang_timeout; needs hang_timeout)
-    straggler_factor: Optional[float] = None  # a rank computing its steps this many times slower than the median is a straggler
-    straggler_evict: bool = False            # a straggler is killed, then as a dead rank (a spare takes its place)
-    sdc_check_every: Optional[int] = None    # steps between two comparisons of the replicas (and before every save)
-    sdc_rollback: bool = True                # corruption found: roll back in the job to the newest checkpoint (else stop)
-    ckpt_save_path: Optional[str] = None     # default: <checkpoint dir>/ttp_checkpoints
+    ttp: bool = key(False, "when a rank dies, the survivors save a last-gasp checkpoint of the newest step")
+    uce: bool = key(False, "repair a rank's memory error (UCE) in the job from a replica (implies ttp)")
+    uce_in_place: bool = key(True, "with uce, a UCE found in a forward pass is repaired by that rank alone while the "
+                                   "others go on")
+    arf: bool = key(False, "replace a dead process in the job by a spawned one (implies ttp)")
+    spares: int = key(0, "warm spare processes started with the job, beyond the layout's ranks (implies arf)",
+                      ">= 0")
+    elastic: bool = key(False, "no replacement for a dead rank: go on with fewer ranks, lower dp (implies ttp)")
+    hang_timeout: Optional[float] = key(None, "seconds a frozen or stuck rank is waited for before it is killed",
+                                        "> 0 or null (off)")
+    deadlock_timeout: Optional[float] = key(None, "seconds every rank may wait, none progressing, before the "
+                                                  "deadlock is broken; null: 10 x hang_timeout",
+                                            "> 0 or null; needs hang_timeout")
+    straggler_factor: Optional[float] = key(None, "a rank computing its steps this many times slower than its "
+                                                  "stage's median is a straggler", "> 1 or null (off)")
+    straggler_evict: bool = key(False, "kill a straggler, then as a dead rank (a spare takes its place)",
+                                "needs straggler_factor")
+    sdc_check_every: Optional[int] = key(None, "steps between two comparisons of the replicas (and before every "
+                                               "save): silent data corruption", ">= 1 or null (off)")
+    sdc_rollback: bool = key(True, "corruption found: roll back in the job to the newest checkpoint (false: stop)")
+    ckpt_save_path: Optional[str] = key(None, "where last-gasp checkpoints go; null: <checkpoint dir>/ttp_checkpoints",
+                                        "a writable directory or null")
 
 
 @dataclass
 class OutputConfig:
-    dir: str = "runs/default"      # metrics.jsonl and (later) checkpoints go here
-    progress_bar: bool = True
-    loss_every: int = 10           # LossMonitor prints every N steps
+    """Where a run writes, and what it prints."""
+    dir: str = key("runs/default", "metrics.jsonl, logs/ and (by default) checkpoints/ go here", "a path")
+    progress_bar: bool = key(True, "a tqdm progress bar on rank 0 when stderr is a terminal")
+    loss_every: int = key(10, "LossMonitor prints the loss every N steps", ">= 1")
 
 
 @dataclass
 class Config:
-    seed: int = 1
-    dtype: str = "float32"         # float32 | float64
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    output: OutputConfig = field(default_factory=OutputConfig)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
-    fault: FaultConfig = field(default_factory=FaultConfig)
-    tft: TFTConfig = field(default_factory=TFTConfig)
+    """A run: `python -m dsim.train --config FILE --set key.sub=value`."""
+    seed: int = key(1, "every random state derives from it: initial weights, data, shuffling", "[0, 2**32)")
+    dtype: str = key("float32", "the parameters' and activations' dtype", "float32 | float64")
+    parallel: ParallelConfig = key(doc="the parallel layout", factory=ParallelConfig)
+    model: ModelConfig = key(doc="the network", factory=ModelConfig)
+    optimizer: OptimizerConfig = key(doc="the optimizer", factory=OptimizerConfig)
+    data: DataConfig = key(doc="the training data", factory=DataConfig)
+    train: TrainConfig = key(doc="how long training runs", factory=TrainConfig)
+    output: OutputConfig = key(doc="where the run writes", factory=OutputConfig)
+    checkpoint: CheckpointSection = key(doc="periodic checkpoints", factory=CheckpointSection)
+    fault: FaultConfig = key(doc="fault injection", factory=FaultConfig)
+    tft: TFTConfig = key(doc="fault tolerance", factory=TFTConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -502,3 +598,4 @@ def ranges(cfg: Config) -> None:
                              c.integrated_save, c.append_info, c.async_save, c.async_staging)
         except CheckpointError as e:
             raise ConfigError(f"config: {e}") from None
+
