@@ -118,7 +118,25 @@ def main(argv=None) -> int:
         if pool is not None:
             pool.release(2)
         return 2
+    if args.resume and finished(run):
+        if pool is not None:
+            pool.release(0)
+        return 0
     return train(run, initial_epoch * run.loader.get_dataset_size())
+
+
+def finished(run) -> bool:
+    """Whether the checkpoint resumed from is at (or past) the last step of the run's train.epochs: then rank 0
+    says so in one line and nothing is trained or written (a resumed finished run saves no checkpoint of a step
+    it did not train). With more epochs asked for, training goes on."""
+    step, per_epoch, epochs = run.loader.init_step, run.loader.get_dataset_size(), run.cfg.train.epochs
+    if step < epochs * per_epoch:
+        return False
+    if run.groups.world.rank == 0:
+        print(f"dsim: nothing to train: the run already finished (global step {step}, and train.epochs={epochs} "
+              f"x {per_epoch} steps end at step {epochs * per_epoch}); set train.epochs higher to train on",
+              flush=True)
+    return True
 
 
 def join(how, *args) -> int:

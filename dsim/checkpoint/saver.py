@@ -200,6 +200,7 @@ class ModelCheckpoint(Callback):
         self.snapshot = Snapshot()     # async_save: the reused copy of the state the thread writes from
         self.stalls = []               # seconds each save held up its step (sync: all of it; async: the snapshot)
         self.rank = None
+        self.begun_step = None         # the global step training began from (no save of it at the end: not trained)
         self.records = {}              # rank 0: the commit records listed at the last save (commit.committed's cache)
 
     # -- callback hooks ------------------------------------------------------------------------------
@@ -208,6 +209,7 @@ class ModelCheckpoint(Callback):
         cb = run_context.original_args()
         comm, layout = cb.model.groups.world, cb.model.groups.layout
         self.rank, _active = cb.rank, self
+        self.begun_step = cb.cur_step_num
         prefix, names = None, None
         if cb.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -245,6 +247,7 @@ class ModelCheckpoint(Callback):
         self.committed_step = self.last_saved_step
         cb = run_context.original_args()
         self.rank, _active = cb.rank, self
+        self.begun_step = cb.cur_step_num
         write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
 
     def recovered(self, run_context):
@@ -300,8 +303,8 @@ class ModelCheckpoint(Callback):
     def finishing(self, run_context):
         """At the end of training, where a failure is still repaired in the job (Model._wind_up)."""
         cb = run_context.original_args()
-        if cb.cur_step_num and self.last_saved_step != cb.cur_step_num:
-            self.save(cb)  # like MindSpore, the last step is always saved
+        if cb.cur_step_num and self.last_saved_step != cb.cur_step_num and cb.cur_step_num != self.begun_step:
+            self.save(cb)  # like MindSpore, the last step is always saved (a step this training call trained)
         self.finish(cb)  # an async save still in flight is waited for and committed
 
     def end(self, run_context):
