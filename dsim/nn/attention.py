@@ -1,10 +1,11 @@
 """Multi-head attention with heads split over the model-parallel group (Megatron-LM).
 
-Q, K and V (`dense1`, `dense2`, `dense3`) are column-split: each mp rank computes num_heads / mp heads;
-the output `projection` is row-split, so one all-reduce over mp gives the full output, then the
-replicated bias is added. Backward sums the partial input gradients of Q, K and V before one all-reduce
-(two for cross-attention: the query side and the memory side). Masks are additive (0 or -10000 as in
-MindSpore) with shape (batch, 1, q_len, k_len), shared by every head.
+Q, K and V (`dense1`, `dense2`, `dense3`, weights (out, in)) are column-split: each mp rank computes
+num_heads / mp heads; the output `projection` (weight (in, out), MindSpore's transpose_b=False) is row-split,
+so one all-reduce over mp gives the full output, then the replicated bias is added. Backward sums the partial
+input gradients of Q, K and V before one all-reduce (two for cross-attention: the query side and the memory
+side). Masks are additive (0 or -10000 as in MindSpore) with shape (batch, 1, q_len, k_len), shared by every
+head.
 """
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ MASKED = -10000.0
 class MultiHeadAttention(Layer):
     """Self- or cross-attention over (batch*len, d_model) activations."""
 
-    def __init__(self, name: str, d_model: int, num_heads: int, weight_init=("normal", 0.02)):
+    def __init__(self, name: str, d_model: int, num_heads: int, weight_init=("normal", 0.01), bias_init=("zeros",)):
         super().__init__()
         if d_model % num_heads:
             raise LayoutError(f"{name}: d_model={d_model} is not divisible by num_heads={num_heads}")
         self.name, self.d_model, self.num_heads = name, d_model, num_heads
         self.head_dim = d_model // num_heads
-        dense = lambda sub, split: Dense(f"{name}.{sub}", d_model, d_model, split,  # noqa: E731
-                                         weight_init=weight_init, reduce_dx=False)
+        dense = lambda sub, split, transpose_b=True: Dense(  # noqa: E731
+            f"{name}.{sub}", d_model, d_model, split, weight_init=weight_init, reduce_dx=False, bias_init=bias_init,
+            transpose_b=transpose_b)
         self.q, self.k, self.v = dense("dense1", "column"), dense("dense2", "column"), dense("dense3", "column")
-        self.out = dense("projection", "row")
+        self.out = dense("projection", "row", transpose_b=False)
         self.parts = [self.q, self.k, self.v, self.out]
         self.specs = [s for d in self.parts for s in d.specs]
         self.inits = {k: v for d in self.parts for k, v in d.inits.items()}

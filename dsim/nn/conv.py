@@ -14,15 +14,19 @@ from .layers import Layer
 
 
 class Conv2d(Layer):
-    """MindSpore's nn.Conv2d with pad_mode='valid', stride 1, no bias (its default): weight (out, in, kh, kw)."""
+    """MindSpore's nn.Conv2d with pad_mode='valid', stride 1, no bias (its default): weight (out, in, kh, kw).
 
-    def __init__(self, name, in_channels, out_channels, kernel_size, split=None, weight_init=("normal", 0.02)):
+    weight_init None is MindSpore r2.1's default, HeUniform(negative_slope=sqrt(5)) over fan_in = in x kh x kw:
+    uniform within +-1/sqrt(fan_in).
+    """
+
+    def __init__(self, name, in_channels, out_channels, kernel_size, split=None, weight_init=None):
         super().__init__()
         self.name, self.split = name, split
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel_size
         k = kernel_size
         self.specs = [ParamSpec(f"{name}.weight", (out_channels, in_channels, k, k), 0 if split == "column" else None)]
-        self.inits = {self.specs[0].name: weight_init}
+        self.inits = {self.specs[0].name: weight_init or ("he_uniform", in_channels * k * k)}
 
     def forward(self, x, mp_comm):
         k = self.kernel_size

@@ -15,9 +15,9 @@ from .layers import Layer
 
 
 class Embedding(Layer):
-    """MindSpore's VocabEmbedding: `embedding_table` (vocab_size, embedding_size), Normal(0.02)."""
+    """MindSpore's VocabEmbedding: `embedding_table` (vocab_size, embedding_size), 'normal': Normal(0.01)."""
 
-    def __init__(self, name: str, vocab_size: int, embedding_size: int, split=None, sigma=0.02):
+    def __init__(self, name: str, vocab_size: int, embedding_size: int, split=None, sigma=0.01):
         super().__init__()
         self.name, self.split = name, split
         self.vocab_size, self.embedding_size = vocab_size, embedding_size

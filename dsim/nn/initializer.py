@@ -1,5 +1,8 @@
 """Initializers by MindSpore's names, for a layer's weight_init: Normal(0.02) is ("normal", 0.02).
 
+MindSpore's string 'normal' (initializer('normal', ...), the transformer's default) is Normal() = N(0, 0.01^2).
+A layer's weight_init None is its MindSpore r2.1 default (see Dense, Conv2d): HeUniform over the fan-in.
+
 A layer's initial tensor is a pure function of (seed, parameter name) whatever the layout (see
 parameter.initial_value), so every rank's slice holds the same values as the whole tensor (initial_slice
 draws it a few rows at a time, never whole).

@@ -44,29 +44,35 @@ class Layer:
 class Dense(Layer):
     """MindSpore's nn.Dense: weight (out, in), bias (out), y = x @ W.T + b (x is (batch, in)).
 
-    With kind="matmul" it is the seeds' MatMulCell: one parameter `param` of shape (in, out), y = x @ P.
-    `weight_init` (default HeUniform, bias uniform as MindSpore's Dense) may be ("normal", sigma); the bias
-    is then zeros. With reduce_dx=False a column layer leaves its input gradient partial: the caller sums
-    several before one all-reduce (attention's Q, K and V).
+    transpose_b=False stores the weight (in, out), y = x @ W + b: MindSpore's transformer `_Linear(...,
+    transpose_b=False)` (the feed-forward mapping and projection, the attention's output projection), so the
+    stored tensor has MindSpore's shape. With kind="matmul" it is the seeds' MatMulCell: one parameter `param`
+    of shape (in, out), y = x @ P, no bias.
+    Initializers as MindSpore r2.1's nn.Dense: weight_init None is HeUniform(negative_slope=sqrt(5)), bound
+    1/sqrt(fan_in); bias_init None is Uniform(1/sqrt(fan_in)), whatever weight_init is (the fault-recovery page
+    sets Normal(0.02) on the weights only). With reduce_dx=False a column layer leaves its input gradient
+    partial: the caller sums several before one all-reduce (attention's Q, K and V).
     """
 
     def __init__(self, name: str, in_features: int, out_features: int, split=None, kind="dense",
-                 has_bias=True, weight_init=None, reduce_dx=True):
+                 has_bias=True, weight_init=None, reduce_dx=True, bias_init=None, transpose_b=True):
         super().__init__()
         self.name, self.split, self.kind = name, split, kind
         self.in_features, self.out_features = in_features, out_features
         self.has_bias = has_bias and kind == "dense"
         self.reduce_dx = reduce_dx
-        axis = _WEIGHT_AXIS.get((kind, split))
+        self.in_out = kind == "matmul" or not transpose_b   # the weight stored (in, out)
+        axis = _WEIGHT_AXIS.get(("matmul" if self.in_out else "dense", split))
         if kind == "matmul":
             self.specs = [ParamSpec(f"{name}.param", (in_features, out_features), axis)]
         else:
             bias_axis = 0 if split == "column" else None
-            self.specs = [ParamSpec(f"{name}.weight", (out_features, in_features), axis)]
+            shape = (in_features, out_features) if self.in_out else (out_features, in_features)
+            self.specs = [ParamSpec(f"{name}.weight", shape, axis)]
             if self.has_bias:
                 self.specs.append(ParamSpec(f"{name}.bias", (out_features,), bias_axis))
         w_init = weight_init or ("he_uniform", in_features)
-        b_init = ("bias_uniform", in_features) if weight_init is None else ("zeros",)
+        b_init = bias_init or ("bias_uniform", in_features)
         self.inits = {self.specs[0].name: w_init, **{s.name: b_init for s in self.specs[1:]}}
         self._x = None
 
@@ -76,7 +82,7 @@ class Dense(Layer):
 
     def _weight(self):
         w = self.params[0].data
-        return w if self.kind == "matmul" else w.T  # as (in, out)
+        return w if self.in_out else w.T  # as (in, out)
 
     def forward(self, x, mp_comm):
         self._x = x
@@ -91,9 +97,9 @@ class Dense(Layer):
         """Store parameter gradients; return the input gradient (None when not needed)."""
         x = self._x
         w, b = self.params[0], self.params[1] if self.has_bias else None
-        # Straight into the gradient bucket: (in, out) = x.T @ dy for a MatMulCell, (out, in) = dy.T @ x
-        # (as torch's Linear) for a Dense weight, whose transpose a copy would cost several times the product.
-        if self.kind == "matmul":
+        # Straight into the gradient bucket: (in, out) = x.T @ dy for a weight stored (in, out), (out, in) = dy.T @ x
+        # (as torch's Linear) for one stored (out, in), whose transpose a copy would cost several times the product.
+        if self.in_out:
             w.grad = np.matmul(x.T, dy, out=w.grad_out())
         else:
             w.grad = np.matmul(dy.T, x, out=w.grad_out())

@@ -1,7 +1,12 @@
 """LeNet5, the fault-recovery page's network, on 32x32 single-channel images.
 
 Conv2d(1->6, 5x5, valid), ReLU, MaxPool 2x2, Conv2d(6->16, 5x5), ReLU, MaxPool, Flatten,
-Dense 400->120, ReLU, Dense 120->84, ReLU, Dense 84->10; weights Normal(0.02), Dense biases zeros.
+Dense 400->120, ReLU, Dense 120->84, ReLU, Dense 84->10.
+
+Initial values as the page's MindSpore (r2.1) version: the page sets Normal(0.02) on the Dense weights only; the
+rest keep MindSpore's defaults, HeUniform(negative_slope=sqrt(5)) for the convolutions (uniform within
++-1/sqrt(fan_in), fan_in = in_channels x 5 x 5: 25 and 150) and Uniform(1/sqrt(fan_in)) for the Dense biases
+(fan_in 400, 120, 84); the convolutions have no bias (has_bias=False, their default).
 
 Model parallel: conv1 is replicated (6 channels, tiny); conv2 splits its 16 output channels over mp, so
 after pooling and the channel-major flatten each rank holds a contiguous block of the 400 features, which

@@ -11,6 +11,13 @@ row), feed-forward mapping column then projection row, LayerNorm and the biases 
 replicated, the head replicated (as the sample shards it), word embeddings replicated
 (`vocab_emb_dp: true`) or split along the vocabulary (false); position embeddings are always replicated.
 Pipeline stages are not modelled yet: the blocks are kept as separate objects so they can be cut.
+
+Parameters as the sample's MindSpore ones (mindspore.nn.transformer, the page's r2.0): the same names below
+the sample's `base1.` and the same shapes: Q, K, V (`dense1..3`) and the head store (out, in); the attention's
+output projection and the feed-forward mapping and projection store (in, out), as MindSpore's `_Linear(...,
+transpose_b=False)`. Initial values as MindSpore's: every weight 'normal', MindSpore's Normal() = N(0, 0.01^2)
+(the `_Linear`s, the head's nn.Dense of r2.0 and VocabEmbedding's tables), biases zeros, LayerNorm gamma ones
+and beta zeros.
 """
 from __future__ import annotations
 
@@ -25,16 +32,22 @@ from .embedding import Embedding
 from .layers import GELU, Dense, masked_cross_entropy
 from .norm import LayerNorm
 
-NORMAL = ("normal", 0.02)
+NORMAL = ("normal", 0.01)   # MindSpore's 'normal': Normal(sigma=0.01)
+ZEROS = ("zeros",)
 
 
 class FeedForward:
-    """mapping (d -> ffn, column split), GELU, projection (ffn -> d, row split): one all-reduce each way."""
+    """mapping (d -> ffn, column split), GELU, projection (ffn -> d, row split): one all-reduce each way.
+
+    Both weights stored (in, out), as MindSpore's FeedForward (transpose_b=False): mapping (d, ffn), projection
+    (ffn, d)."""
 
     def __init__(self, name, d_model, ffn):
-        self.mapping = Dense(f"{name}.mapping", d_model, ffn, "column", weight_init=NORMAL)
+        self.mapping = Dense(f"{name}.mapping", d_model, ffn, "column", weight_init=NORMAL, bias_init=ZEROS,
+                             transpose_b=False)
         self.act = GELU()
-        self.projection = Dense(f"{name}.projection", ffn, d_model, "row", weight_init=NORMAL)
+        self.projection = Dense(f"{name}.projection", ffn, d_model, "row", weight_init=NORMAL, bias_init=ZEROS,
+                                transpose_b=False)
         self.layers = [self.mapping, self.projection]
 
     def forward(self, x, mp):
@@ -114,13 +127,14 @@ class Transformer(Cell):
             raise LayoutError(f"transformer: d_model={d_model} is not divisible by num_heads={num_heads}")
         split = None if vocab_emb_dp else "vocab"
         self.vocab_emb_dp = vocab_emb_dp
-        self.src_word = Embedding("src_embedding.word_embedding", vocab_size, d_model, split)
-        self.src_position = Embedding("src_embedding.position_embedding", self.max_position, d_model)
-        self.tgt_word = Embedding("tgt_embedding.word_embedding", vocab_size, d_model, split)
-        self.tgt_position = Embedding("tgt_embedding.position_embedding", self.max_position, d_model)
+        sigma = NORMAL[1]
+        self.src_word = Embedding("src_embedding.word_embedding", vocab_size, d_model, split, sigma)
+        self.src_position = Embedding("src_embedding.position_embedding", self.max_position, d_model, sigma=sigma)
+        self.tgt_word = Embedding("tgt_embedding.word_embedding", vocab_size, d_model, split, sigma)
+        self.tgt_position = Embedding("tgt_embedding.position_embedding", self.max_position, d_model, sigma=sigma)
         self.encoder = [EncoderLayer(f"encoder.blocks.{i}", d_model, num_heads, ffn) for i in range(encoder_layers)]
         self.decoder = [DecoderLayer(f"decoder.blocks.{i}", d_model, num_heads, ffn) for i in range(decoder_layers)]
-        self.head = Dense("head", d_model, vocab_size, None, has_bias=False, weight_init=NORMAL)
+        self.head = Dense("head", d_model, vocab_size, None, has_bias=False, weight_init=NORMAL)  # (vocab, d)
         self.layers = [self.src_word, self.src_position, self.tgt_word, self.tgt_position,
                        *[layer for block in self.encoder + self.decoder for layer in block.layers], self.head]
 
