@@ -246,6 +246,28 @@ def test_disk_full_with_continue_warns_and_later_saves_succeed(reference, tmp_pa
         assert verified.returncode == 0 and f"{ckpt}: clean" in verified.stdout, verified.stdout
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_disk_full_with_continue_to_the_end_reports_the_unsaved_steps_and_fails(reference, tmp_path, mode):
+    """on_save_error: continue with the storage full to the end: the last save has no next save to try again, so
+    the run ends with one error line naming the steps that exist in no checkpoint, and exit status 1."""
+    disk = tmp_path / "disk"
+    with tmpfs(disk, "16m"):
+        fill(disk, int(1.5 * checkpoint_bytes(reference)) + 256 * 1024)  # room for one checkpoint, not two
+        ckpt = disk / "ckpt"
+        proc = mpirun(8, [*RUN, "--set", f"checkpoint.directory={ckpt}", "--set", "checkpoint.on_save_error=continue",
+                          "--set", f"checkpoint.async_save={mode == 'async'}"], cwd=tmp_path, timeout=120)
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("dsim: ")]
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert all(w.startswith("dsim: warning: checkpoint ") for w in lines[:-1]) and len(lines) >= 2, proc.stderr
+        assert lines[-1] == ("dsim: error: the last save was refused (checkpoint.on_save_error: continue): global steps "
+                             "8-30 exist in no checkpoint; the latest checkpoint is network-1_7 (global step 7)"), proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+        assert LOSS.findall(proc.stdout) == reference[0]  # training itself went on untouched
+        assert sorted(p.name for p in ckpt.glob("*.commit")) == ["network-1_7.commit"]
+        verified = inspect(ckpt, "--verify", cwd=tmp_path)
+        assert verified.returncode == 0 and f"{ckpt}: clean" in verified.stdout, verified.stdout
+
+
 # -- a read-only checkpoint directory -------------------------------------------------------------------------
 def test_read_only_source_resumes_with_saves_elsewhere(reference, tmp_path):
     job, ckpt = stopped(reference, tmp_path)

@@ -306,6 +306,21 @@ class ModelCheckpoint(Callback):
         if cb.cur_step_num and self.last_saved_step != cb.cur_step_num and cb.cur_step_num != self.begun_step:
             self.save(cb)  # like MindSpore, the last step is always saved (a step this training call trained)
         self.finish(cb)  # an async save still in flight is waited for and committed
+        self._check_last_saved(cb)
+
+    def _check_last_saved(self, cb) -> None:
+        """With on_save_error: continue, the last save refused leaves no next save to try again: the steps since the
+        newest commit exist nowhere, so training ends with SaveError (one line, exit status 1), not success. Every
+        rank knows alike (a refused save is gathered from all of them)."""
+        step = cb.cur_step_num
+        if not step or step == self.begun_step or self.committed_step == step:
+            return
+        first = max(self.committed_step or 0, self.begun_step or 0) + 1
+        latest = (f"the latest checkpoint is {self.saved[-1]} (global step {self.committed_step})" if self.saved
+                  else f"no checkpoint of this run is committed in {self.directory}")
+        steps = f"global step {step} exists" if first == step else f"global steps {first}-{step} exist"
+        raise SaveError(f"the last save was refused (checkpoint.on_save_error: continue): {steps} in no "
+                        f"checkpoint; {latest}")
 
     def end(self, run_context):
         self.finishing(run_context)  # (done already when Model.train ran it: nothing left to save or commit)
