@@ -9,7 +9,7 @@ import pytest
 
 from dsim.checkpoint import CheckpointConfig, CheckpointError, group_info, replica_sets, restore_group_info_list
 from dsim.checkpoint import commit as cm
-from dsim.checkpoint.format import Tensor, read_file, write_file
+from dsim.checkpoint.format import VERSION, Tensor, read_file, write_file
 from dsim.checkpoint.group_info import write_group_info
 from dsim.parallel.layout import ParallelLayout, Slice
 
@@ -120,7 +120,7 @@ def test_file_round_trip_and_self_description(tmp_path):
     with h5py.File(path) as f:  # anyone with h5py sees shape, slice and layout
         ds = f["params/layer1.param"]
         assert list(ds.attrs["global_shape"]) == [6, 4] and list(ds.attrs["offsets"]) == [3, 0]
-        assert json.loads(f.attrs["layout"]) == {"data_parallel": 2} and f.attrs["format_version"] == 2
+        assert json.loads(f.attrs["layout"]) == {"data_parallel": 2} and f.attrs["format_version"] == VERSION
     shard = read_file(path)
     assert np.array_equal(shard.tensors["layer1.param"].data, _tensors()[0].data)
     assert shard.append_info == {"epoch_num": 1, "lr": 0.01}

@@ -125,3 +125,45 @@ def test_transformer_starts_as_mindspores():
             assert not value.any(), name
         else:
             assert name.endswith(".gamma") and (value == 1).all(), name
+
+
+def _downgrade(path, version):
+    """Make a file as an older dsim wrote it: its format_version, and a metadata table that matches."""
+    import json
+
+    import h5py
+    from dsim.checkpoint.format import META_ATTR, meta_table
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = version
+        f.attrs[META_ATTR] = json.dumps(meta_table(f), sort_keys=True)
+
+
+@pytest.mark.parametrize("name", ["encoder.blocks.0.output.mapping.weight", "decoder.blocks.1.output.projection.weight",
+                                  "decoder.blocks.0.cross_attention.projection.weight"])
+def test_an_older_checkpoint_with_a_relaid_tensor_is_refused_in_one_line(tmp_path, name):
+    """Format 2 stored these (out, in): with d_model = ffn they have the same shape, so loading would silently
+    transpose them. read_file (every load, recovery and restore) refuses the file in one line."""
+    from dsim.checkpoint.errors import CheckpointError
+    from dsim.checkpoint.format import VERSION, Tensor, read_file, write_file
+    from dsim.parallel.layout import Slice
+    w = np.arange(16.0).reshape(4, 4)
+    path = tmp_path / "t-1_1.h5"
+    write_file(path, {"epoch": 1}, [Tensor("params", name, (4, 4), Slice((0, 0), (4, 4)), w)], {})
+    assert read_file(path).meta["format_version"] == VERSION == 3
+    _downgrade(path, 2)
+    with pytest.raises(CheckpointError) as e:
+        read_file(path)
+    assert str(e.value) == (f"{path} is a checkpoint of an older dsim (format 2): its {name} is stored (out, in), "
+                            "dsim now stores it (in, out) as MindSpore does; resume it with the dsim that wrote it, "
+                            "or train from the start")
+
+
+def test_an_older_checkpoint_without_one_still_loads(tmp_path):
+    """The MLPs' and LeNet5's tensors kept their layout: their format 2 (and 1) files load as before."""
+    from dsim.checkpoint.format import Tensor, read_file, write_file
+    from dsim.parallel.layout import Slice
+    path = tmp_path / "t-1_1.h5"
+    ts = [Tensor("params", n, (2, 3), Slice((0, 0), (2, 3)), np.ones((2, 3))) for n in ("fc1.weight", "layer2.weight")]
+    write_file(path, {"epoch": 1}, ts, {})
+    _downgrade(path, 2)
+    assert sorted(read_file(path).tensors) == ["fc1.weight", "layer2.weight"]

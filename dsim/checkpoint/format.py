@@ -15,6 +15,12 @@ its dtype and shape, each append_info value), so a damaged file names what diffe
 covered by each tensor's own crc32 attribute, which the table covers in turn. `content_digest` (SHA-256 of
 the table) is what a commit record keeps per file: a file swapped, edited or replaced after the commit
 no longer matches it. Format 1 files (no table) still load; their metadata is unchecked.
+
+Format 3 stores every tensor in MindSpore's own shape: the Transformer's weights that MindSpore keeps (in, out)
+(`_Linear(transpose_b=False)`: the feed-forward `output.mapping` and `output.projection`, the attention's and
+cross-attention's `projection`) are (in, out); formats 1 and 2 stored them (out, in). The same name and, when
+square, the same shape would then mean the transpose, so an older file holding one of them is refused with one
+line (check_tensor_layouts); older files without them (the MLPs, LeNet5) load as before.
 """
 from __future__ import annotations
 
@@ -36,9 +42,23 @@ from ..parallel.layout import Slice
 from . import tensor_io
 from .errors import CheckpointError
 
-FORMAT, VERSION = "dsim-checkpoint", 2
+FORMAT, VERSION = "dsim-checkpoint", 3
+IN_OUT_SINCE = 3   # the format from which the weights named by IN_OUT are stored (in, out)
+IN_OUT = ("output.mapping.weight", "output.projection.weight", "attention.projection.weight")
 JSON_ATTRS = ("layout", "group_info", "optimizer", "schedule", "data", "config")
 META_ATTR = "meta_crc32"   # the metadata checksum table (format 2); not part of a Shard's meta
+
+
+def check_tensor_layouts(version, names, path) -> None:
+    """Raise CheckpointError (one line) when a file of format `version` holds a tensor stored in a layout dsim
+    no longer uses: names are its tensors' names (parameters and optimizer states, e.g. moment1.<param>)."""
+    if int(version) >= IN_OUT_SINCE:
+        return
+    old = sorted(n for n in names if n.endswith(IN_OUT))
+    if old:
+        raise CheckpointError(f"{path} is a checkpoint of an older dsim (format {version}): its {old[0]} is stored "
+                              f"(out, in), dsim now stores it (in, out) as MindSpore does; resume it with the dsim "
+                              f"that wrote it, or train from the start")
 
 
 def crc32(arr: np.ndarray) -> int:
@@ -419,6 +439,9 @@ def read_file(path, verify: bool = True, damaged: list = None, into=None) -> Sha
             direct = tensor_io.open_direct_read(path, fd)  # None: read through the page cache
             if f.attrs.get("format") != FORMAT:
                 raise CheckpointError(f"not a dsim checkpoint (no format={FORMAT!r} attribute): {path}")
+            check_tensor_layouts(_plain(f.attrs.get("format_version", 1)),
+                                 [n for kind in ("params", "optimizer") if isinstance(f.get(kind), h5py.Group)
+                                  for n in f[kind]], path)
             found = {(kind, name): ds for kind in ("params", "optimizer", "append_info")
                      for name, ds in (f[kind].items() if isinstance(f.get(kind), h5py.Group) else ())}
             # The bytes of tensors laid out in place are read by a thread of their own, in file order, while this

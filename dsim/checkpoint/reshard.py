@@ -26,7 +26,7 @@ import numpy as np
 from ..parallel.layout import ParallelLayout, Slice
 from . import progression, record as rec
 from .errors import CheckpointError
-from .format import JSON_ATTRS, META_ATTR, _plain, check_meta, content_digest, crc32, datasets_of
+from .format import JSON_ATTRS, META_ATTR, _plain, check_meta, check_tensor_layouts, content_digest, crc32, datasets_of
 from .loader import file_for, whole_slices
 
 
@@ -100,6 +100,12 @@ class Source:
             except (OSError, ValueError):
                 self._files[rank] = f"{path} is missing or not a readable HDF5 file"
             else:
+                try:
+                    check_tensor_layouts(_plain(f.attrs.get("format_version", 1)),
+                                         [n for kind in ("params", "optimizer") if kind in f for n in f[kind]], path)
+                except CheckpointError:
+                    f.close()
+                    raise
                 table, differ, _ = check_meta(f, datasets_of(f))
                 expected = None if self.digests is None else self.digests.get(rank)
                 if differ:
