@@ -11,14 +11,14 @@ TEST_TIMEOUT ?= 2700
 # waits (a campaign's budget, a launcher's start); 0 runs them one at a time
 E2E_WORKERS ?= 2
 
-.PHONY: venv bytecode train test test-serial test-mpi test-e2e bench clean
+.PHONY: venv bytecode train test test-serial test-mpi test-e2e bench docs docs-serve clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,plot]'  # plot: the loss-curve test runs too
+	$(PY) -m pip install --quiet -e '.[test,plot,docs]'  # plot: the loss-curve test runs too; docs: mkdocs --strict is a test
 	@# the environment's activate script carries the Open MPI settings (see launch/env.sh)
 	sed -i '/# >>> dsim >>>/,/# <<< dsim <<</d' $(VENV)/bin/activate
 	{ echo '# >>> dsim >>>'; cat launch/env.sh; echo '# <<< dsim <<<'; } >> $(VENV)/bin/activate
@@ -56,5 +56,13 @@ bench: venv
 		echo "bench: torch==2.13.0 not installed; the DCP column will say so"
 	$(ENV) BENCH_COMMAND="make bench$(if $(BENCH_QUICK), BENCH_QUICK=1)" $(PY) -m bench $(if $(BENCH_QUICK),--size quick) $(BENCH_ARGS)
 
+# The documentation site (MkDocs, mkdocs.yml): built into site/ with --strict (a broken link or anchor, or a page
+# left out of the navigation, fails it); docs-serve serves it on http://127.0.0.1:8000 and rebuilds on edits
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -55,9 +55,9 @@ def _value(v) -> str:
 def _allowed(f: dataclasses.Field, hint) -> str:
     allowed = f.metadata.get("allowed")
     if callable(allowed):
-        allowed = " \\| ".join(allowed())
-    elif allowed is None and hint is bool:
-        allowed = "true \\| false"
+        allowed = " | ".join(allowed())
+    if hint is bool:  # a switch; a condition on it (what it needs) follows
+        allowed = "true | false" + (f"; {allowed}" if allowed else "")
     return (allowed or "").replace(" | ", " \\| ")
 
 

@@ -1,9 +1,10 @@
-"""Run README.md's tutorials as a user would and check their output, so the README cannot drift.
+"""Run the documentation's tutorials as a user would and check their output, so the pages cannot drift.
 
-    $ python tests/tutorial.py            # every tutorial of README.md, each in a fresh directory
+    $ python tests/tutorial.py            # every tutorial of README.md and docs/, each in a fresh directory
     $ python tests/tutorial.py --keep DIR # leave the working directories (and loss.png) in DIR
 
-A tutorial is the part of README.md between `<!-- tutorial: NAME -->` and `<!-- /tutorial -->`. In its
+A tutorial is the part of a page (README.md, or any docs/**/*.md) between `<!-- tutorial: NAME -->` and
+`<!-- /tutorial -->`; a name is used once across the pages. In its
 ```text blocks, a line starting with `$ ` is a command; the lines after it, up to the next command, are
 its expected output (`...` stands for lines left out). All commands of a tutorial run in one bash
 session (variables carry over) in an empty directory, with the venv's python and mpirun first on PATH.
@@ -34,10 +35,24 @@ class Command:
     expected: list = field(default_factory=list)
 
 
-def tutorials(readme: Path = ROOT / "README.md") -> dict:
-    """name -> the commands of each tutorial region of the README, in order."""
-    out = {}
-    for m in REGION.finditer(readme.read_text()):
+def pages() -> list[Path]:
+    """The pages whose tutorial regions run: README.md and every page of the documentation site."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def tutorials(paths=None) -> dict:
+    """name -> the commands of each tutorial region of the pages (README.md and docs/ by default), in order."""
+    out, where = {}, {}
+    for page in (pages() if paths is None else [Path(p) for p in paths]):
+        for name, commands in _regions(page.read_text()):
+            if name in out:
+                raise ValueError(f"tutorial {name} is in both {where[name]} and {page}: a name is used once")
+            out[name], where[name] = commands, page
+    return out
+
+
+def _regions(text: str):
+    for m in REGION.finditer(text):
         commands = []
         for block in BLOCK.findall(m["body"]):
             for line in block.splitlines():
@@ -45,15 +60,14 @@ def tutorials(readme: Path = ROOT / "README.md") -> dict:
                     commands.append(Command(line[2:]))
                 elif commands and line.strip() and line.strip() != "...":
                     commands[-1].expected.append(line)
-        out[m["name"]] = commands
-    return out
+        yield m["name"], commands
 
 
 def script(commands, outdir: Path) -> str:
     """One bash session: each command's output and status to files; `$?` still works for the next."""
     lines = [f". {ROOT}/launch/env.sh", f"export PATH={Path(sys.executable).parent}:$PATH", "__rc=0",
              # mpirun as typed, through the watch the launch scripts use (an Open MPI launcher that failed to
-             # start is started again, one that stalls is stopped): a launcher fault is not the README's
+             # start is started again, one that stalls is stopped): a launcher fault is not the tutorial's
              f"mpirun() {{ python {ROOT / 'dsim' / 'ft' / 'launcher.py'} {Path(sys.executable).parent / 'mpirun'} \"$@\"; }}"]
     for i, c in enumerate(commands):
         lines.append(f"(exit $__rc); {{ {c.line}\n}} > {outdir}/{i}.out 2>&1; __rc=$?; echo $__rc > {outdir}/{i}.rc")
@@ -67,7 +81,7 @@ def normalize(text: str) -> str:
 
 
 def check(commands, outdir: Path) -> list[str]:
-    """Mismatches between what each command printed and what the README shows."""
+    """Mismatches between what each command printed and what the page shows."""
     problems = []
     for i, c in enumerate(commands):
         rc_file = outdir / f"{i}.rc"
@@ -81,18 +95,18 @@ def check(commands, outdir: Path) -> list[str]:
             problems.append(f"$ {c.line}: exit status {status}\n{out[-2000:]}")
         if c.line.split()[0] == "ls":
             if sorted(" ".join(c.expected).split()) != sorted(out.split()):
-                problems.append(f"$ {c.line}: listing differs\n--- README\n" + "\n".join(c.expected) + f"\n--- actual\n{out}")
+                problems.append(f"$ {c.line}: listing differs\n--- page\n" + "\n".join(c.expected) + f"\n--- actual\n{out}")
             continue
         got = {normalize(line) for line in out.splitlines()}
         missing = [e for e in c.expected if normalize(e) not in got]
         if missing:
-            problems.append(f"$ {c.line}: lines the README shows are not in the output:\n  " + "\n  ".join(missing)
+            problems.append(f"$ {c.line}: lines the page shows are not in the output:\n  " + "\n  ".join(missing)
                             + f"\n--- actual\n{out[-3000:]}")
     return problems
 
 
 def run(name: str, commands, workdir: Path, timeout: float = 600) -> list[str]:
-    """Run one tutorial in workdir (empty); returns its problems (none when the README is true)."""
+    """Run one tutorial in workdir (empty); returns its problems (none when the page is true)."""
     outdir = workdir / ".tutorial"
     outdir.mkdir(parents=True)
     (outdir / "session.sh").write_text(script(commands, outdir))
