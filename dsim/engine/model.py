@@ -232,9 +232,8 @@ class Model:
         """The callbacks' begin hooks. A rank slow to begin may learn of a death in one of their collectives (the
         checkpoint's) while the others, past it, are in the first step: it joins their repair in the job, then
         runs the hooks it had not run (those after the checkpoint's only set up this process), and goes on with
-        them. (Before 2026-11-28 it fell back to the last gasp alone: its collectives no longer matched the
-        others' repair, and the job hung. Seen in CI: rank 3 killed in step 1, rank 6 still in the checkpoint's
-        all-gather.)"""
+        them. It must join the others' repair rather than fall back to the last gasp alone: its collectives would
+        then match none of theirs, and every rank would wait for ever (docs/design/repair-in-the-job.md)."""
         for i, c in enumerate(callbacks):
             try:
                 c.begin(ctx)

@@ -88,8 +88,9 @@ class InProcessRecovery:
 
     def handles(self, exc) -> bool:
         """Faults it may repair: a UCE, or any MPI error (a dead rank shows as several kinds), under ULFM, and a
-        pickled collective that a death cut short (ulfm.cut_short: before, four ranks crashed in CI instead of
-        joining the repair). With nobody dead, the repair raises it again as it was (not a fault to repair)."""
+        pickled collective that a death cut short (ulfm.cut_short: its unpickling error is a death's, so the rank
+        joins the repair instead of crashing). With nobody dead, the repair raises it again as it was (not a fault
+        to repair)."""
         return (isinstance(exc, (UCEError, MPI.Exception, FailedAtTheEnd)) and ulfm.unavailable_reason() is None
                 or ulfm.cut_short(exc))
 
@@ -122,9 +123,9 @@ class InProcessRecovery:
 
         Work watched (tft.hang_timeout: dsim.ft.hang), its collectives waits: a rank frozen during the repair, or
         stuck in it (its process runs, its repair does not), is killed, and the repair, like one that another death
-        interrupts, falls back to the last gasp (RepairInterrupted). (Until 2026-11-28 the whole repair was one
-        wait: a stuck rank was found only as a deadlock, and not at all where the others waited for it in the
-        exchange's MPI_Comm_agree, which no revoke ends: the job was ended.)"""
+        interrupts, falls back to the last gasp (RepairInterrupted). The repair is work and its collectives are
+        waits, not one long wait: a rank stuck in it is then judged stuck, also where the others wait for it in the
+        exchange's MPI_Comm_agree, which no revoke ends (a deadlock's break could not free them there)."""
         with progress.watched("repair"):
             return self._recover(exc, callbacks)
 
@@ -327,8 +328,8 @@ def take_place(world, pool, joining):
 
     Its model is built without initial values: every owned slice is received from a replica. Its joining is work
     watched (progress.watched) from its heartbeat on: a newcomer stuck before the exchange (its process runs) is
-    found by the survivors' watches as a stuck rank is (before, it waited for no one and so made no deadlock
-    either: the job hung for ever).
+    found by the survivors' watches as a stuck rank is (a newcomer waits for no one, so it would make no deadlock
+    for the watch to break either).
     """
     with progress.watched("repair"):
         return _take_place(world, pool, joining)

@@ -29,7 +29,7 @@ def unavailable_reason():
 def cut_short(exc) -> bool:
     """Whether an exception is a pickled collective (mpi4py's allgather, bcast) that a rank's death cut short, under
     ULFM: Open MPI may return success with that rank's part truncated, and its unpickling fails ("pickle data was
-    truncated", "invalid load key": seen in CI, a straggler killed inside a save's all-gather). A fault like an
+    truncated", "invalid load key": a straggler killed inside a save's all-gather does it). A fault like an
     MPI error: the failure handling shrinks and surveys, and with nobody dead says it as the error it is."""
     import pickle
     return isinstance(exc, pickle.UnpicklingError) and unavailable_reason() is None
