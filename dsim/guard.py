@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 _run_dir = None
+_launcher = None  # the pid of this rank's launcher (its parent) once end_with_launcher watches it
 
 
 def set_run_dir(path) -> None:
@@ -85,6 +86,53 @@ def stacks_on_signal() -> None:
 START_TIMEOUT = 120.0  # seconds MPI_Init may take (DSIM_START_TIMEOUT) before start_mpi gives up
 
 
+LAUNCHER_POLL = 0.5  # seconds between looks at whether this rank's launcher (its parent process) is still there
+
+
+def end_with_launcher() -> None:
+    """Under mpirun: end this process within LAUNCHER_POLL seconds of its parent, Open MPI's launcher or daemon
+    (prterun, prted), ending. A rank outliving its launcher is a job nobody runs any more: nobody reads its output
+    or its exit status, and a job started again in its place (a scheduler's restart) would train beside it. When
+    mpirun ends normally its ranks have ended first; when it is killed (or dies with its host's daemon) this is
+    how the ranks learn of it. dsim/ft/launcher.py ends mpirun when it is killed itself (PR_SET_PDEATHSIG).
+    Does nothing outside mpirun (no PMIx rank in the environment) or when the watch already runs."""
+    global _launcher
+    if _launcher is not None or not any(os.environ.get(v) for v in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK")):
+        return
+    import threading
+    import time
+    parent = _launcher = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(LAUNCHER_POLL)
+        launcher_gone()
+    threading.Thread(target=watch, name="dsim-launcher-watch", daemon=True).start()
+
+
+def launcher_gone() -> None:
+    """When this rank's launcher is gone (end_with_launcher): one line in the run's log (its stderr went with the
+    launcher), and the process ends at once. Called too where an error may come of the launcher's going (its
+    output's pipe broken), so that it is not taken for a bug. Returns while the launcher is there."""
+    if _launcher is None or os.getppid() == _launcher:
+        return
+    line = f"dsim: rank {rank()} (pid {os.getpid()}): its launcher (pid {_launcher}) is gone; ending\n"
+    for base in ([Path(_run_dir) / "logs"] if _run_dir else []) + [Path(tempfile.gettempdir()) / "dsim-logs"]:
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            with open(base / f"rank_{rank()}.err", "a") as fh:
+                fh.write(line)
+            break
+        except OSError:
+            continue
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except Exception:
+        pass
+    os._exit(1)
+
+
 def start_mpi() -> None:
     """Initialize MPI (MPI_Init_thread, as importing mpi4py.MPI does) with a deadline: past DSIM_START_TIMEOUT
     seconds (START_TIMEOUT) rank 0 says why in one line and exits 1, every other rank still waiting a second later.
@@ -96,6 +144,7 @@ def start_mpi() -> None:
     ctypes (which releases it) on the library mpi4py loads; mpi4py, imported after, finds MPI initialized and
     sets its error handlers as usual, and MPI_Finalize is called at exit as mpi4py would. Where that library cannot be told (another
     mpi4py), MPI starts the usual way, without the deadline. Does nothing once mpi4py.MPI is imported."""
+    end_with_launcher()
     if "mpi4py.MPI" in sys.modules:
         return
     import ctypes
@@ -155,6 +204,7 @@ def run(main, argv=None, run_dir=None) -> None:
         print("dsim: error: interrupted", file=sys.stderr, flush=True)
         _leave(130)
     except BaseException as e:  # a bug (or a failure nobody foresaw): one line, the traceback in the log
+        launcher_gone()  # unless it came of the launcher's end (its output's pipe gone): then that is said
         try:
             line = report(e)
         except BaseException as again:  # the guard must not fail into a traceback either

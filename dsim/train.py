@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     guard.start_mpi()  # with a deadline: a process of the job that failed to start leaves the others in MPI_Init
     from mpi4py import MPI  # after argument parsing so --help works without MPI
 
+    from .checkpoint import lease
     from .checkpoint.recovery import resume
     from .checkpoint.saver import check_writable
     from .engine import build_run
@@ -101,11 +102,12 @@ def main(argv=None) -> int:
             if cfg.tft.ttp and why:
                 print(f"dsim: warning: the last-gasp checkpoint (TTP) is unavailable: {why}; "
                       "periodic checkpoints and --resume still work", file=sys.stderr, flush=True)
-        if cfg.checkpoint.enabled:  # a directory it cannot save into is one line before the first step
+        if cfg.checkpoint.enabled:  # a directory it cannot save into, or one another job writes: one line, first
             error = None
             if world.rank == 0:
                 try:
                     check_writable(run.checkpoint_dir)
+                    run.lease = lease.take(run.checkpoint_dir, "python -m dsim.train " + " ".join(sys.argv[1:]))
                 except CheckpointError as e:
                     error = str(e)
             error = world.bcast(error, root=0)

@@ -19,7 +19,7 @@ from ..engine.state import owned_pieces
 from ..parallel import progress
 from ..parallel.groups import gather_full
 from ..parallel.layout import Slice
-from . import commit as cm
+from . import commit as cm, lease
 from .config import CheckpointConfig
 from .errors import CheckpointError
 from .async_save import BackgroundWrite, Snapshot
@@ -183,7 +183,7 @@ class ModelCheckpoint(Callback):
     """
 
     def __init__(self, prefix: str = "CKP", directory=None, config: CheckpointConfig = None,
-                 group_info_file=None, on_save_error: str = "stop"):
+                 group_info_file=None, on_save_error: str = "stop", lease=None):
         if on_save_error not in ON_SAVE_ERROR:
             raise CheckpointError(f"checkpoint: on_save_error must be stop or continue, got {on_save_error!r}")
         self.on_save_error = on_save_error
@@ -201,6 +201,8 @@ class ModelCheckpoint(Callback):
         self.stalls = []               # seconds each save held up its step (sync: all of it; async: the snapshot)
         self.rank = None
         self.begun_step = None         # the global step training began from (no save of it at the end: not trained)
+        self.lease = lease             # rank 0: the directory's lease (lease.py), taken at begin when not given
+        self.own_lease = False         # taken by this callback: given back at the end of training
         self.records = {}              # rank 0: the commit records listed at the last save (commit.committed's cache)
 
     # -- callback hooks ------------------------------------------------------------------------------
@@ -210,12 +212,20 @@ class ModelCheckpoint(Callback):
         comm, layout = cb.model.groups.world, cb.model.groups.layout
         self.rank, _active = cb.rank, self
         self.begun_step = cb.cur_step_num
-        prefix, names = None, None
+        prefix, names, in_use = None, None, None
         if cb.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
-            prefix = cm.unique_prefix(self.directory, self.requested_prefix)
-            names = {r["name"] for r in cm.committed(self.directory, self.records)}
-        self.prefix, names = comm.bcast((prefix, names), root=0)  # one rank reads the records, not all
+            if self.lease is None or not self.lease.covers(self.directory):
+                try:  # another job writing here: nothing is touched (the leftovers cleaned below may be its files)
+                    self.lease, self.own_lease = lease.take(self.directory), True
+                except lease.DirectoryInUse as e:
+                    in_use = str(e)
+            if in_use is None:
+                prefix = cm.unique_prefix(self.directory, self.requested_prefix)
+                names = {r["name"] for r in cm.committed(self.directory, self.records)}
+        self.prefix, names, in_use = comm.bcast((prefix, names, in_use), root=0)  # one rank reads the records
+        if in_use:
+            raise lease.DirectoryInUse(in_use)
         error = None
         try:
             cm.clean_leftovers(self.directory, cb.rank, names)
@@ -326,6 +336,9 @@ class ModelCheckpoint(Callback):
         self.finishing(run_context)  # (done already when Model.train ran it: nothing left to save or commit)
         global _active
         _active = None
+        if self.own_lease:
+            self.lease.release()
+            self.lease, self.own_lease = None, False
 
     # -- the save itself -----------------------------------------------------------------------------
     def save(self, cb) -> str:

@@ -56,6 +56,7 @@ class Run:
     spares: object = None  # dsim.ft.spares.SparePool with tft.arf: the job's processes and its idle spares
     eval_dataset: object = None  # data.eval_samples: the held-out samples, evaluated after every epoch
     stop_on_signal: object = None  # dsim.ft.preemption.StopOnSignal with checkpoint.save_on_signal
+    lease: object = None  # dsim.checkpoint.lease.Lease on the checkpoint directory (rank 0), from before a resume
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -84,7 +85,8 @@ class Run:
         if c.enabled:
             config = CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
                                       c.integrated_save, c.append_info, c.async_save, c.async_staging)
-            saver = ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error)
+            saver = ModelCheckpoint(c.prefix, self.checkpoint_dir, config, c.group_info_file, c.on_save_error,
+                                    lease=self.lease)
             cbs.append(saver)
         if cfg.fault.kind:
             f = cfg.fault

@@ -33,6 +33,7 @@ from pathlib import Path
 
 STALL_SECONDS = 15  # no rank running for this long, and mpirun still there: stalled
 ENDED_SECONDS = 3   # the same once ranks were seen running: a healthy mpirun ends 0.05 s after its last rank
+PARENT_POLL = 0.25  # seconds between looks at mpirun and at whether the launcher's caller is still there
 START_TRIES = 3     # a launcher that failed to start is started again, this many launches in all
 # What mpirun prints when it failed before starting any rank, for a cause that passes (not bad input)
 START_FAILURES = ("The PMIx server's listener thread failed to start",)
@@ -229,18 +230,40 @@ def notice_ranks(pid: int) -> bool:
     return bool(ranks)
 
 
+def ends_with(parent: int):
+    """For Popen's preexec_fn: the child (mpirun) is SIGKILLed when `parent` (this launcher) ends, however it ends
+    (Linux's PR_SET_PDEATHSIG; mpirun's ranks then end too: dsim.guard.end_with_launcher). Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+
+    def arm():
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher ended before the call
+            os._exit(1)
+    return arm
+
+
 def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) -> int:
     """Run mpirun (cmd) as a user's command: output passed through, a stall stopped, a failed start tried
     again. Returns its exit status: after a stall, the one told from the ranks (ranks_status; 1 when it
     cannot be told); 124 after the timeout, as timeout(1) does.
 
     mpirun stays in the caller's process group, so whoever stops the caller's group (a test's timeout, a
-    terminal's Ctrl-C) stops it too. Sent to this process alone: SIGINT is passed to mpirun as SIGTERM (stop now);
+    terminal's Ctrl-C) stops it too. A job never outlives its launcher: mpirun is killed when this process ends
+    however it ends (ends_with), and this process stops mpirun and its ranks when its own caller ends (a launch
+    script killed): within PARENT_POLL seconds, the ranks within dsim.guard.LAUNCHER_POLL after mpirun.
+    Sent to this process alone: SIGINT is passed to mpirun as SIGTERM (stop now);
     SIGTERM, a scheduler's notice before its SIGKILL, to the ranks themselves (notice_ranks), and a second one to
     mpirun; SIGUSR1 and SIGUSR2 to mpirun as they are, which passes them on to every rank.
     """
+    caller = os.getppid()
     for attempt in range(1, tries + 1):
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()))
         head = bytearray()  # the first of what it printed on stderr: a failed start says so at once
         tail = bytearray()  # and the last: an abort at its end says so last
 
@@ -270,7 +293,7 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         try:
             # ranks looked for 4 times a second: one that ends within a second of starting (a job every rank
             # refuses) is seen too, so a stall after it is stopped ENDED_SECONDS later, not STALL_SECONDS
-            how = supervise(proc, float("inf") if timeout is None else timeout, wait=lambda: proc.wait(timeout=0.25),
+            how = supervise(proc, float("inf") if timeout is None else timeout, wait=lambda: waited(proc, caller),
                             group=False, watch=watch)
         finally:
             for s, handler in old.items():
@@ -290,12 +313,27 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         if how == "timeout":
             print(f"dsim: error: mpirun still running after {timeout:g} s; stopped it", file=sys.stderr)
             return 124
+        if os.getppid() != caller:
+            return 128 + signal.SIGKILL  # stopped with its caller (waited): nobody reads the status
         if not failed_to_start(proc.returncode, head.decode(errors="replace")) or attempt == tries:
             return proc.returncode
         print(f"dsim: note: mpirun failed to start (an Open MPI launcher fault, no rank ran); starting it again "
               f"({attempt + 1} of {tries})", file=sys.stderr)
         time.sleep(1)
     raise AssertionError("unreachable")
+
+
+def waited(proc, caller: int) -> None:
+    """proc.wait for PARENT_POLL seconds; when the launcher's caller (a launch script) has ended meanwhile, mpirun and
+    every process below it are killed first: a job whose launch script was killed is not left running."""
+    if os.getppid() != caller:
+        try:
+            print(f"dsim: error: the launcher's caller (pid {caller}) is gone; stopping mpirun and its ranks",
+                  file=sys.stderr, flush=True)
+        except OSError:
+            pass  # its stderr went with the caller
+        kill_tree(proc.pid, group=False)
+    proc.wait(timeout=PARENT_POLL)
 
 
 def main(argv=None) -> int:
