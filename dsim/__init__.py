@@ -2,7 +2,7 @@
 
 Data flow: context (world, layout) -> network/optimizer -> data -> Model.build -> Model.train.
 
-The public API, with the seed pages' names (see README, "Writing your own script"):
+The public API, with the seed pages' names (docs/api.md, "Writing your own script"):
 
     import dsim
     from dsim import nn

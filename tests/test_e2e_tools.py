@@ -1,4 +1,4 @@
-"""The tools end to end, as a user runs them: README's tutorial, merge against an integrated save, events."""
+"""The tools end to end, as a user runs them: the tutorial of docs/, merge against an integrated save, events."""
 import json
 import sys
 
