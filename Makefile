@@ -27,8 +27,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml launch/env.sh Makefile
 # NP training ranks, plus the warm spares the config asks for (tft.spares); evaluated when `train` runs
 PROCESSES = $(shell echo $$(( $(NP) + $$($(PY) -m dsim.ft.spare_count --config $(CONFIG)) )))
 
+# HOSTFILE=path (Open MPI's hostfile): the ranks over its hosts, the first host's slots first (MAP_BY=node: round
+# robin); MPIRUN_ARGS: more of Open MPI's own options, as they are (see docs/cluster.md)
+HOSTS = $(if $(HOSTFILE),--hostfile $(HOSTFILE)) $(if $(HOSTFILE)$(MAP_BY),--map-by $(or $(MAP_BY),slot))
+
 train: bytecode
-	$(ENV) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(PROCESSES) $(PY) -m dsim.train --config $(CONFIG)
+	$(ENV) $(PY) dsim/ft/launcher.py $(MPIRUN) $(HOSTS) $(MPIRUN_ARGS) -n $(PROCESSES) $(PY) -m dsim.train --config $(CONFIG)
 
 test: test-serial test-mpi test-e2e
 

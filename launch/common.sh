@@ -3,6 +3,9 @@
 #   CKPT_DIR   second argument (default: the config's checkpoint.directory, else output.dir/checkpoints)
 #   RANK_SIZE  number of training ranks (default 8), as in MindSpore's launch scripts; warm spares
 #              (tft.spares) are started on top of them
+#   HOSTFILE   an Open MPI hostfile (`node1 slots=4`, a host a line): the ranks run on those hosts, the first
+#              host's slots filled first (--map-by slot); MAP_BY another mapping (e.g. node: round robin)
+#   MPIRUN_ARGS more of Open MPI's own options, passed to mpirun as they are (e.g. "--mca btl_tcp_if_include eth1")
 # Arguments after those (e.g. --set KEY=VALUE, --repair) go to `python -m dsim.train`.
 # Jobs run with MPI fault tolerance (ULFM), so the survivors of a dead rank can act (tft.ttp: the last-gasp
 # checkpoint); MS_ENABLE_TFT='{TTP:1}' turns it on as in MindSpore.
@@ -26,7 +29,10 @@ DSIM_ARGS=(--config "$CONFIG" --set checkpoint.integrated_save=false)
 dsim_mpirun() {
     # RANK_SIZE training ranks, plus the warm spares the config asks for (tft.spares), started with the job
     local n=$(( ${RANK_SIZE:-8} + $(python -m dsim.ft.spare_count "${DSIM_ARGS[@]}" "$@") ))
-    echo "+ mpirun $DSIM_FT_MPIRUN_ARGS -n $n python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
+    local hosts=()
+    [ -z "${HOSTFILE:-}" ] || hosts=(--hostfile "$HOSTFILE")
+    [ -z "${HOSTFILE:-}${MAP_BY:-}" ] || hosts+=(--map-by "${MAP_BY:-slot}")
+    echo "+ mpirun $DSIM_FT_MPIRUN_ARGS ${hosts[*]} ${MPIRUN_ARGS:-} -n $n python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
     # shellcheck disable=SC2086
-    dsim_watched mpirun $DSIM_FT_MPIRUN_ARGS -n "$n" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
+    dsim_watched mpirun $DSIM_FT_MPIRUN_ARGS "${hosts[@]}" ${MPIRUN_ARGS:-} -n "$n" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
 }
