@@ -1,0 +1,185 @@
+"""End to end on real hosts, made on this machine by dsim.cluster (namespaces; issue 51): the default run on 2 hosts
+x 4 ranks gives the losses of 1 host x 8 bit for bit; shared-memory sums stay within a host (a model-parallel group
+split over hosts sums through MPI); with node-local checkpoints, one host's disk replaced by an empty one, the
+launch scripts' resume (HOSTFILE) takes that host's shards from replicas on the other and is bit-identical; and a
+cluster leaves nothing on the machine after a pass, a failure, a timeout, Ctrl-C, or its maker killed.
+
+Needs root and iproute2 (CI runs as root): skipped, with the reason, where namespaces cannot be made.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import BIN, LAUNCHER, ROOT, launch_env, made_once, run_command
+
+from dsim.cluster import DISK_PATH, STATE_ROOT, Cluster, leftovers, unavailable
+
+pytestmark = pytest.mark.e2e
+
+DEFAULT = str(ROOT / "configs" / "default.yaml")
+# the default run (data parallel 2 x model parallel 4, momentum, synthetic data) at small widths: 2 epochs of 4 steps,
+# a checkpoint at each epoch's end (the default network's 32M parameters took 30-40 s a job here, 2 steps)
+SMALL_ARGS = ["--set", "model.hidden=[64,128,128,64]", "--set", "data.num_samples=640", "--set",
+              "train.steps_per_epoch=4", "--set", "output.progress_bar=false"]
+RUN = ["-m", "dsim.train", "--config", DEFAULT, *SMALL_ARGS, "--set", "output.dir=run"]
+SHARED = "sums in shared memory: mp"
+
+
+def skip_without_namespaces():
+    why = unavailable()
+    if why:
+        pytest.skip(f"no cluster of namespaces here: {why}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """2 hosts x 4 slots, shared by this module's tests (each leaves it as it found it), torn down after them
+    whatever happened, and checked to have left nothing."""
+    skip_without_namespaces()
+    name = f"t{os.getpid()}"
+    with Cluster(hosts=2, slots=4, name=name) as c:
+        yield c
+    assert leftovers(name) == []
+
+
+def on_cluster(cluster, n, args, cwd, map_by="slot", timeout=150):
+    """`mpirun --hostfile ... -n N python ARGS` run on node1 as a user would, through dsim/ft/launcher.py; every rank
+    first writes its host's name to cwd/host.<rank>."""
+    record = 'hostname > host.$OMPI_COMM_WORLD_RANK && exec "$0" "$@"'
+    cmd = [sys.executable, str(LAUNCHER), str(BIN / "mpirun"), *cluster.mpirun_args(map_by), "-n", str(n),
+           "sh", "-c", record, sys.executable, *args]
+    return run_command(cluster.command(1, cmd, cwd), cwd, timeout, 0, cluster.env())
+
+
+def hosts_of_ranks(d: Path, n: int) -> list[str]:
+    return [(d / f"host.{r}").read_text().strip() for r in range(n)]
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    """(global step, loss) of every step in a run's metrics.jsonl, as written (full precision)."""
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(e["global_step"], e["loss"]) for e in events if e.get("event") == "step"]
+
+
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory):
+    """The run on 1 host x 8 ranks: (its directory, its losses, its header line)."""
+    d, proc = made_once(tmp_path_factory, "cluster-ref", 8, RUN, check=0)
+    return d, losses(d / "run"), proc.stdout.splitlines()[0]
+
+
+def test_default_run_on_2_hosts_x_4_is_bit_identical_to_1_host_x_8(cluster, one_host, tmp_path):
+    _, ref, header = one_host
+    proc = on_cluster(cluster, 8, [*RUN, "--set", "checkpoint.enabled=false"], tmp_path)
+    assert hosts_of_ranks(tmp_path, 8) == ["node1"] * 4 + ["node2"] * 4
+    assert len(ref) == 8 and losses(tmp_path / "run") == ref
+    # each model-parallel group (ranks 0-3, 4-7) on one host: its sums through that host's shared memory, as on one
+    assert SHARED in header and SHARED in proc.stdout.splitlines()[0]
+
+
+def test_a_model_parallel_group_split_over_hosts_sums_through_mpi(cluster, one_host, tmp_path):
+    """Ranks round robin over the hosts: each model-parallel group has ranks on both, so its sums leave shared memory
+    (the header drops it) for MPI over TCP between the hosts; the same bits."""
+    _, ref, _ = one_host
+    proc = on_cluster(cluster, 8, [*RUN, "--set", "checkpoint.enabled=false"], tmp_path, map_by="node")
+    assert hosts_of_ranks(tmp_path, 8) == ["node1", "node2"] * 4
+    assert "sums in shared memory" not in proc.stdout
+    assert losses(tmp_path / "run") == ref
+
+
+def tensors(path: Path) -> dict[str, np.ndarray]:
+    import h5py
+    found = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return found
+
+
+def test_node_local_checkpoints_one_disk_replaced_resume_bit_identical(cluster, one_host, tmp_path):
+    """The launch scripts with HOSTFILE, each host saving to its own disk (the same path on both); host 2's disk is
+    then replaced by an empty one, and the recover script's resume takes ranks 4-7's shards from their replicas on
+    host 1: the losses and every tensor saved after equal an uninterrupted run's on one host, bit for bit."""
+    ref, ref_losses, _ = one_host
+    env = {**cluster.env(), "VIRTUAL_ENV": sys.prefix}  # HOSTFILE: the cluster's
+
+    def script(name, *args):
+        cmd = ["bash", str(ROOT / "launch" / name), DEFAULT, f"{DISK_PATH}/ckpt", *SMALL_ARGS, *args]
+        return run_command(cluster.command(1, cmd, tmp_path), tmp_path, 150, 0, env)
+    proc = script("run_parallel_save_ckpt.sh", "--set", "train.epochs=1", "--set", "output.dir=first")
+    assert f"--hostfile {cluster.hostfile} --map-by slot" in proc.stderr
+    for host, ranks in ((1, range(0, 4)), (2, range(4, 8))):
+        assert sorted(p.name for p in (cluster.disk(host) / "ckpt").glob("rank_*")) == [f"rank_{r}" for r in ranks]
+    assert list((cluster.disk(1) / "ckpt").glob("*.commit"))  # rank 0's commit record, on host 1's disk only
+
+    new = cluster.replace_disk(2)
+    assert list(new.iterdir()) == []
+    proc = script("run_parallel_recover_ckpt.sh", "--set", "train.epochs=2", "--set", "output.dir=second")
+    assert "4 shard(s) of network-1_4 taken from replicas" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert losses(tmp_path / "first") + losses(tmp_path / "second") == ref_losses
+    for r in range(8):
+        saved, = (cluster.disk(1 if r < 4 else 2) / "ckpt" / f"rank_{r}").glob("*-2_4.h5")
+        want, got = tensors(ref / "run" / "checkpoints" / f"rank_{r}" / "network-2_4.h5"), tensors(saved)
+        assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want), r
+
+
+# Nothing left behind. A job of two ranks on two hosts, each rank writing a file then sleeping; the cluster made by
+# `python -m dsim.cluster run` for it, which then ends one of four ways.
+SLEEPER = "import os, time; open('started.' + os.environ['OMPI_COMM_WORLD_RANK'], 'w').close(); time.sleep(313.25)"
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("end", ["pass", "failure", "timeout", "interrupt", "maker_killed"])
+def test_a_cluster_leaves_nothing_behind(end, tmp_path):
+    skip_without_namespaces()
+    name = f"e{os.getpid()}{end[:3]}"
+    marker = f"{SLEEPER} # {name}"
+    job = {"pass": ["true"], "failure": ["sh", "-c", "exit 3"]}.get(end) or [
+        "mpirun", "--hostfile", str(STATE_ROOT / name / "hostfile"), "--map-by", "slot", "-n", "2",
+        sys.executable, "-c", marker]
+    cmd = [sys.executable, "-m", "dsim.cluster", "run", "--name", name, "--hosts", "2", "--slots", "1",
+           *(["--timeout", "6"] if end == "timeout" else []), "--", *job]
+    env = {**launch_env(), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if end in ("interrupt", "maker_killed"):
+            deadline = time.monotonic() + 60
+            while not all((tmp_path / f"started.{r}").exists() for r in range(2)):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT if end == "interrupt" else signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    expected = {"pass": 0, "failure": 3, "timeout": 124, "interrupt": 130, "maker_killed": -signal.SIGKILL}[end]
+    assert proc.returncode == expected, err
+    if end == "timeout":
+        assert all((tmp_path / f"started.{r}").exists() for r in range(2))  # the job ran on both hosts
+    if end == "maker_killed":  # nobody tore it down: `down` finds it by its name
+        assert leftovers(name)
+        run_command([sys.executable, "-m", "dsim.cluster", "down", "--name", name], tmp_path, 60, 0, env)
+    assert leftovers(name) == []
+    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    deadline = time.monotonic() + 5  # the launcher's ranks end within a second of it (dsim.guard)
+    while processes_with(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_with(name) == []
