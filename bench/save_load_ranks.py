@@ -40,7 +40,7 @@ from dsim.checkpoint.loader import file_for, latest_committed, restore
 from dsim.checkpoint.plan import save_plan
 from dsim.checkpoint.saver import state_tensors
 from dsim.config import load_config
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.engine.callbacks import RunContext
 from dsim.nn import create_network
 from dsim.parallel.layout import ParallelLayout

@@ -38,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from dsim.config import load_config
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.engine.callbacks import Callback
 from dsim.nn.layers import Dense
 from dsim.nn.network import ARCHITECTURES

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from dsim.checkpoint import ModelCheckpoint
 from dsim.config import load_config
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.engine.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]

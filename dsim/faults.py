@@ -68,7 +68,8 @@ from typing import Optional
 
 import numpy as np
 
-from .engine.callbacks import Callback, event, say
+from .engine.callbacks import Callback
+from .log import event, say
 from .parallel import progress
 
 
@@ -145,6 +146,9 @@ class FaultInjector(Callback):
         if self.steps and self.my_rank in self.ranks:
             self.step = self.steps[self.ranks.index(self.my_rank)]
         _armed = self
+        points = getattr(cb.model, "points", None)  # the step's points (forward, allreduce, update) reach at_point
+        if points is not None and at_point not in points:
+            points.append(at_point)
 
     def recovered(self, run_context):
         """After an in-job repair or an elastic shrink: a UCE must strike the optimizer training now (a shrink
@@ -160,6 +164,9 @@ class FaultInjector(Callback):
     def end(self, run_context):
         global _armed
         _armed = None
+        points = getattr(run_context.original_args().model, "points", None)
+        if points is not None and at_point in points:
+            points.remove(at_point)
 
     def step_end(self, run_context):
         cb = run_context.original_args()

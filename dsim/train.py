@@ -62,12 +62,12 @@ def main(argv=None) -> int:
     from .checkpoint import lease
     from .checkpoint.recovery import resume
     from .checkpoint.saver import check_writable
-    from .engine import build_run
+    from .build import FACTORY
     from .ft import spares, ulfm
     from .ft.inprocess import join_spawned, take_place
     parent = MPI.Comm.Get_parent()
     if parent != MPI.COMM_NULL:  # a replacement spawned by the survivors of a dead rank (tft.arf)
-        return join(join_spawned, parent)
+        return join(join_spawned, parent, FACTORY)
     comm, pool = MPI.COMM_WORLD, None
     try:
         if args.repair and not args.resume:
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, args.overrides)
         check_places(cfg, comm)
         guard.set_run_dir(cfg.output.dir)
-        world, pool = spares.split(comm, cfg)  # with tft.spares, the last processes of the job are spares
+        world, pool = spares.split(comm, cfg, FACTORY.fit)  # with tft.spares, the last processes of the job are spares
         if world is None:
             from .ft.hang import standby_heartbeat
             standby_heartbeat(cfg.output.dir, pool.comm.size - len(pool.spares), cfg.tft.hang_timeout, "spare")
@@ -91,9 +91,9 @@ def main(argv=None) -> int:
             code, place = spares.wait(pool)  # until released at the end, or given a dead rank's place
             if place is None:
                 return spares.finish(code)   # released: no collective left for it
-            return join(take_place, place.world, place.pool, place.joining)
+            return join(take_place, place.world, place.pool, place.joining, FACTORY)
         check_fault_ranks(cfg.fault, world.size)
-        run = build_run(cfg, world)
+        run = FACTORY.build(cfg, world)
         run.spares = pool
         check_fault_steps(cfg, run.loader.get_dataset_size())
         if world.rank == 0:

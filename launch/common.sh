@@ -32,7 +32,8 @@ dsim_mpirun() {
     local hosts=()
     [ -z "${HOSTFILE:-}" ] || hosts=(--hostfile "$HOSTFILE")
     [ -z "${HOSTFILE:-}${MAP_BY:-}" ] || hosts+=(--map-by "${MAP_BY:-slot}")
-    echo "+ mpirun $DSIM_FT_MPIRUN_ARGS ${hosts[*]} ${MPIRUN_ARGS:-} -n $n python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
-    # shellcheck disable=SC2086
-    dsim_watched mpirun $DSIM_FT_MPIRUN_ARGS "${hosts[@]}" ${MPIRUN_ARGS:-} -n "$n" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
+    # shellcheck disable=SC2206
+    local opts=($DSIM_FT_MPIRUN_ARGS "${hosts[@]}" ${MPIRUN_ARGS:-})
+    echo "+ mpirun ${opts[*]} -n $n python -m dsim.train ${DSIM_ARGS[*]} $*" >&2
+    dsim_watched mpirun "${opts[@]}" -n "$n" python -m dsim.train "${DSIM_ARGS[@]}" "$@"
 }

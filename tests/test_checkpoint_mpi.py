@@ -6,7 +6,7 @@ from mpi4py import MPI
 from conftest import small_config
 from dsim.checkpoint import ModelCheckpoint, CheckpointConfig, latest_committed, restore
 from dsim.checkpoint.loader import file_for
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.engine.state import owned_pieces
 from test_parallel_equivalence import LAYOUTS, agree
 

@@ -3,7 +3,7 @@ import pytest
 
 from conftest import ROOT
 from dsim.config import ConfigError, check_fault_ranks, check_fault_steps, load_config, validate
-from dsim.engine.builder import resolve_layout
+from dsim.build import resolve_layout
 
 
 def test_default_yaml_is_the_builtin_default():

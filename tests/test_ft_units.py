@@ -11,7 +11,7 @@ from conftest import small_config
 from dsim import aligned
 from dsim.checkpoint.group_info import replica_sets
 from dsim.config import ConfigError, TFTConfig, apply_tft_env
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.faults import corrupt
 from dsim.ft.last_gasp import plan
 from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper

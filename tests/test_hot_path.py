@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from conftest import small_config
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.optim import LRSchedule, create_optimizer
 from dsim.optim.optimizers import CHUNK
 from dsim.parallel.buckets import GradientBuckets

@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from conftest import small_config
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.faults import UCEError, corrupt
 from dsim.ft.in_place import InPlace
 from dsim.parallel import groups

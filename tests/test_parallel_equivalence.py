@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 from conftest import small_config
-from dsim.engine import build_run
+from dsim.build import build_run
 from dsim.engine.state import owned_pieces
 from dsim.parallel.groups import gather_full
 

@@ -5,6 +5,7 @@ import pytest
 
 from dsim.config import ConfigError, load_config
 from dsim.ft.spare_count import config_options, spares
+from dsim.build import resolve_layout
 from dsim.ft.spares import assign, died_since, orphaned, training_ranks
 from dsim.nn import create_network
 from dsim.parallel.layout import ParallelLayout
@@ -22,15 +23,15 @@ def test_spares_imply_healing_and_are_counted_from_zero():
 
 def test_the_last_processes_are_the_spares_and_the_rest_must_fit_the_layout():
     cfg = load_config(None, ["tft.spares=1", "parallel.data_parallel=2"])
-    assert training_ranks(cfg, 9) == 8
-    assert training_ranks(load_config(None, []), 8) == 8
+    assert training_ranks(cfg, 9, resolve_layout) == 8
+    assert training_ranks(load_config(None, []), 8, resolve_layout) == 8
     with pytest.raises(ConfigError) as e:
-        training_ranks(cfg, 8)
+        training_ranks(cfg, 8, resolve_layout)
     assert str(e.value) == ("tft.spares=1: mpirun -n 8 leaves 7 training rank(s) beside the spare(s), and layout "
                             "data_parallel=2 x model_parallel=4 = 8 ranks does not fit the world size 7; launch "
                             "mpirun -n 9 (8 training ranks + 1 spare(s))")
     with pytest.raises(ConfigError, match=r"tft.spares=2 leaves no training rank in a job of 2 process\(es\)"):
-        training_ranks(load_config(None, ["tft.spares=2"]), 2)
+        training_ranks(load_config(None, ["tft.spares=2"]), 2, resolve_layout)
 
 
 def test_spares_take_the_dead_ranks_lowest_first_and_the_rest_are_spawned():

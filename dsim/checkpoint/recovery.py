@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..engine import callbacks
-from ..engine.callbacks import say
+from ..log import event, recording, say
 from ..parallel.layout import ParallelLayout
 from . import commit as cm, record as rec
 from .errors import CheckpointError
@@ -354,11 +353,11 @@ def resume(run, which: str = "auto", repair: bool = False, source=None) -> int:
 def record_event(run, name: str, **fields) -> None:
     """Record an event in the run's metrics.jsonl from rank 0, also before training began.
 
-    callbacks.event() needs the MetricsLog of a running training; a resume happens before it starts,
+    log.event() needs the MetricsLog of a running training; a resume happens before it starts,
     so the line (in MetricsLog's shape) is then appended directly.
     """
-    if callbacks._metrics is not None:
-        callbacks.event(name, **fields)
+    if recording():
+        event(name, **fields)
         return
     path = Path(run.cfg.output.dir) / "metrics.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

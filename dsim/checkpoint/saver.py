@@ -13,8 +13,8 @@ from typing import Optional
 import numpy as np
 
 from .. import faults
-from ..ft import sdc
-from ..engine.callbacks import Callback, event, say
+from ..engine.callbacks import Callback
+from ..log import event, say
 from ..engine.state import owned_pieces
 from ..parallel import progress
 from ..parallel.groups import gather_full
@@ -202,6 +202,7 @@ class ModelCheckpoint(Callback):
         self.rank = None
         self.begun_step = None         # the global step training began from (no save of it at the end: not trained)
         self.lease = lease             # rank 0: the directory's lease (lease.py), taken at begin when not given
+        self.before_save = []          # collective checks f(cb) every save runs first (dsim.ft.sdc.SdcCheck.check)
         self.own_lease = False         # taken by this callback: given back at the end of training
         self.records = {}              # rank 0: the commit records listed at the last save (commit.committed's cache)
 
@@ -358,7 +359,8 @@ class ModelCheckpoint(Callback):
         if self.last_failed_step == cb.cur_step_num:
             return None
         self.finish(cb)
-        sdc.before_save(cb)  # with tft.sdc_check_every: replicas compared, none saved damaged (dsim.ft.sdc)
+        for check in self.before_save:  # e.g. tft.sdc_check_every: replicas compared, none saved damaged
+            check(cb)
         groups = cb.model.groups
         comm, layout, rank = groups.world, groups.layout, cb.rank
         name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 from .mnist import MnistDataset
 from .synthetic import SyntheticMNIST
 from .translation import TextTranslation, ToyTranslation

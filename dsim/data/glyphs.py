@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 from .mnist import write_idx
 
 FONTS = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",

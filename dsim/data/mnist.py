@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 from .transforms import check_image_size, resize_bilinear
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

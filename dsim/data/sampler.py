@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 
 
 class DistributedSampler:

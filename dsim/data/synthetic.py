@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 from .mnist import normalize
 from .transforms import check_image_size, resize_bilinear
 

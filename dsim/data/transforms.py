@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 
 
 def interpolation_matrix(size_in: int, size_out: int, dtype=np.float64) -> np.ndarray:

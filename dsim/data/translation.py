@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from . import DatasetError
+from .errors import DatasetError
 
 UNK, PAD, EOT = 0, 1, 2
 SPECIALS = {"UNK": UNK, "PAD": PAD, "EOT": EOT}

@@ -1,7 +1,7 @@
-"""The training loop: Model, callbacks, and the builder that wires a run together."""
-from .builder import Run, build_run, resolve_layout
-from .callbacks import Callback, EvalMonitor, LossMonitor, MetricsLog, ProgressBar, RunContext, TimeMonitor, event
+"""The training loop: Model and its callbacks, and the Run a rank trains (made by dsim.build or a script)."""
+from .callbacks import Callback, EvalMonitor, LossMonitor, MetricsLog, ProgressBar, RunContext, TimeMonitor
 from .model import Model
+from .run import Factory, Run
 
-__all__ = ["Run", "build_run", "resolve_layout", "Callback", "EvalMonitor", "LossMonitor", "MetricsLog", "ProgressBar",
-           "RunContext", "TimeMonitor", "Model", "event"]
+__all__ = ["Factory", "Run", "Callback", "EvalMonitor", "LossMonitor", "MetricsLog", "ProgressBar",
+           "RunContext", "TimeMonitor", "Model"]

@@ -6,20 +6,13 @@ Each gets a RunContext whose `original_args()` are the cb_params MindSpore users
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-
-def say(message: str) -> None:
-    """Print a log line without tearing a progress bar (one can show only once ProgressBar imported tqdm)."""
-    bars = sys.modules.get("tqdm")
-    if bars is not None:
-        bars.tqdm.write(message, file=sys.stdout)
-    else:
-        print(message, file=sys.stdout)
-    sys.stdout.flush()
+from ..log import EVENTS, event, say
 
 
 class RunContext:
@@ -47,6 +40,9 @@ class Callback:
     """
 
     local = False
+    # A callback that runs the whole training loop inside itself (dsim.ft.tft: MindSpore's TFT callbacks) sets
+    # guard_training(model, body, callbacks) -> body()'s result; Model.train uses the first one it finds.
+    guard_training = None
 
     def begin(self, run_context): pass
     def epoch_begin(self, run_context): pass
@@ -55,6 +51,14 @@ class Callback:
     def epoch_end(self, run_context): pass
     def finishing(self, run_context): pass  # the collective work at the end (a failure in it is repaired in the job)
     def end(self, run_context): pass
+
+    def join(self, run_context, joining: dict):
+        """begin() for a replacement process entering a running job (dsim.ft.inprocess); `joining` holds the job's
+        state. By default the callback begins as at the start."""
+        self.begin(run_context)
+
+    def recovered(self, run_context):
+        """After an in-job repair (or an elastic shrink) the state is that after cb_params.cur_step_num."""
 
 
 class LossMonitor(Callback):
@@ -141,19 +145,6 @@ class ProgressBar(Callback):
     end = epoch_end
 
 
-_metrics = None  # the MetricsLog of this process's running training, the target of event()
-
-
-def event(name: str, any_rank: bool = False, **fields) -> None:
-    """Record an event (fault, resume, repair, last_gasp_saved, ...) in the running job's metrics.jsonl.
-
-    Rank 0 writes; with any_rank=True the calling rank writes too (e.g. a survivor when rank 0 is dead).
-    Outside training (no MetricsLog running) this does nothing.
-    """
-    if _metrics is not None:
-        _metrics.log(name, any_rank=any_rank, **fields)
-
-
 class MetricsLog(Callback):
     """Rank 0 appends JSON lines (events and per-step metrics) to a file; runs append, never truncate."""
 
@@ -163,6 +154,7 @@ class MetricsLog(Callback):
         self.path = Path(path)
         self._file = None
         self.rank = None
+        self._handler = _EventHandler(self)  # dsim.log.event's records, while training runs
 
     def log(self, event: str, any_rank: bool = False, **fields) -> None:
         line = json.dumps({"event": event, "time": time.time(), "rank": self.rank, **fields}) + "\n"
@@ -179,9 +171,9 @@ class MetricsLog(Callback):
         self._file = open(self.path, "a")
 
     def begin(self, run_context):
-        global _metrics
         cb = run_context.original_args()
-        self.rank, _metrics = cb.rank, self
+        self.rank = cb.rank
+        EVENTS.addHandler(self._handler)
         if cb.rank == 0:
             self._open()
             self.log("train_begin", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num,
@@ -200,10 +192,21 @@ class MetricsLog(Callback):
                  loss=float(cb.net_outputs), lr=cb.lr)
 
     def end(self, run_context):
-        global _metrics
         cb = run_context.original_args()
         self.log("train_end", epoch=cb.cur_epoch_num, global_step=cb.cur_step_num)
-        _metrics = None
+        EVENTS.removeHandler(self._handler)
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class _EventHandler(logging.Handler):
+    """dsim.log.event's records into a MetricsLog's file."""
+
+    def __init__(self, metrics: MetricsLog):
+        super().__init__()
+        self.metrics = metrics
+
+    def emit(self, record):
+        self.metrics.log(record.getMessage(), any_rank=getattr(record, "dsim_any_rank", False),
+                         **getattr(record, "dsim_fields", {}))

@@ -2,14 +2,28 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Protocol
 
 import numpy as np
 
-from .. import faults, guard
+from .. import guard
 from ..parallel.buckets import GradientBuckets
 from ..parallel import progress
 from ..parallel.groups import Groups, watch
 from .callbacks import RunContext
+
+
+class Recovery(Protocol):
+    """What the loop asks of a repair in the job (Model.recovery: dsim.ft.inprocess.InProcessRecovery). Model.rollback
+    (dsim.ft.sdc.Rollback) has handles and recover(error) only. The loop knows no more of fault tolerance."""
+
+    watches: bool  # whether the world is watched for failures during a step (parallel.groups.watch)
+
+    def serve(self) -> None: ...                          # answers the others' requests while this rank waits
+    def handles(self, error: BaseException) -> bool: ...  # whether it repairs this failure
+    def recover(self, error: BaseException, callbacks: list) -> int: ...  # repairs; the step training goes on after
+    def step_finished(self, global_step: int) -> None: ...  # a step ended on this rank, before its end hooks
+    def leave(self) -> None: ...                          # every living rank agrees that training ended
 
 
 class Model:
@@ -35,8 +49,10 @@ class Model:
         self.groups = groups
         self.global_batch_size = global_batch_size
         self.seed, self.loader = None, None  # the run's seed, and the dataset it trains on (checkpoints record both)
-        self.recovery = None  # dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
-        self.rollback = None  # dsim.ft.sdc.Rollback with tft.sdc_rollback
+        self.recovery = None  # a Recovery (above): dsim.ft.inprocess.InProcessRecovery when tft.uce or tft.arf is on
+        self.rollback = None  # a Recovery: dsim.ft.sdc.Rollback with tft.sdc_rollback
+        self.points = []  # observers of a step's named points, f(point, global_step): "forward", "allreduce" and
+        #                   "update", each reached halfway through that part (dsim.faults.FaultInjector adds one)
         self._buckets = None
         self._epoch_open = None  # the epoch (0-based) whose epoch_begin ran and epoch_end not yet
         self._ending = None  # while a step's end hooks run: _Ending (what ran, for an in-job repair then)
@@ -69,15 +85,15 @@ class Model:
         if self.pipeline is not None:
             return self._pipelined_step(inputs, labels, buckets, step)
         # forward
-        logits = net.forward(inputs, groups.mp, halfway=lambda: faults.at_point("forward", step))
+        logits = net.forward(inputs, groups.mp, halfway=lambda: self.reach("forward", step))
         loss, dlogits = net.loss(logits, labels, self.global_batch_size, groups.dp)
         # backward
         net.backward(dlogits, groups.mp)
         # gradient (and loss) reduction over data parallel, in place in the gradient buckets
         buckets.loss[0] = loss
-        buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
+        buckets.allreduce(groups.dp, between=lambda: self.reach("allreduce", step))
         # update
-        self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
+        self.optimizer.apply(halfway=lambda: self.reach("update", step))
         self.optimizer.sync(groups.shard)
         return float(buckets.loss[0])
 
@@ -86,14 +102,19 @@ class Model:
         the dp reduction of the summed gradients and the loss, the update, the optimizer-shard sync."""
         groups = self.groups
         buckets.loss[0] = self.pipeline.run(groups.world, groups.mp, groups.dp, inputs, labels, buckets.flat[:-1],
-                                            self.global_batch_size, halfway=lambda: faults.at_point("forward", step))
-        buckets.allreduce(groups.dp, between=lambda: faults.at_point("allreduce", step))
+                                            self.global_batch_size, halfway=lambda: self.reach("forward", step))
+        buckets.allreduce(groups.dp, between=lambda: self.reach("allreduce", step))
         # the loss to every rank before the update, as without stages: a rank that finishes its update then has
         # nothing left to wait for in this step (a fault in another rank's update cannot hide the step's loss)
         loss = self.pipeline.share_loss(groups.world, float(buckets.loss[0]))
-        self.optimizer.apply(halfway=lambda: faults.at_point("update", step))
+        self.optimizer.apply(halfway=lambda: self.reach("update", step))
         self.optimizer.sync(groups.shard)
         return loss
+
+    def reach(self, point: str, step: int) -> None:
+        """The step's part `point` is halfway: tell the observers (self.points)."""
+        for observe in self.points:
+            observe(point, step)
 
     @property
     def buckets(self) -> GradientBuckets:
@@ -179,7 +200,7 @@ class Model:
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [] if callbacks is None else [callbacks]
         guard.stacks_on_signal()  # a script's ranks too: kill -USR1 prints where each thread is
         self.build(train_dataset)
-        tft = next((c for c in callbacks if hasattr(c, "guard_training")), None)
+        tft = next((c for c in callbacks if c.guard_training is not None), None)
         if tft is not None:
             return tft.guard_training(self, lambda: self._train(epoch, train_dataset, callbacks, initial_epoch,
                                                                 joining), callbacks)
@@ -200,10 +221,7 @@ class Model:
         self._epoch_open = None  # a train() call begins its first epoch (an earlier call may have stopped in one)
         if joining is not None:
             for c in callbacks:
-                if hasattr(c, "join"):
-                    c.join(ctx, joining)
-                else:
-                    c.begin(ctx)
+                c.join(ctx, joining)
             _recovered(callbacks, ctx, train_dataset, train_dataset.init_step)
         else:
             self._begin(callbacks, ctx, train_dataset)
@@ -284,7 +302,7 @@ class Model:
         every living rank agrees that training ended before any goes past (InProcessRecovery.leave). A rank that
         dies in the last step is noticed by some ranks inside the loop and not by those past it: without that
         agreement, these began the last gasp while the others began a repair, and each waited for the other."""
-        _call([c for c in callbacks if hasattr(c, "finishing")], "finishing", ctx)
+        _call(callbacks, "finishing", ctx)
         if self.recovery is not None and self.recovery.watches:
             with progress.watched("callback"):
                 self.recovery.leave()
@@ -292,7 +310,7 @@ class Model:
     def _finish(self, ending: "_Ending", callbacks, ctx) -> None:
         """The end hooks of the step a failure interrupted, kept by the repair: those of the local callbacks
         (Callback.local) that had not run for it."""
-        local = [c for c in callbacks if getattr(c, "local", False)]
+        local = [c for c in callbacks if c.local]
         _call([c for c in local if c not in ending.step_end], "step_end", ctx)
         if ending.epoch_end is not None:
             _call([c for c in local if c not in ending.epoch_end], "epoch_end", ctx)
@@ -315,8 +333,7 @@ def _recovered(callbacks, ctx, train_dataset, step):
         epoch, in_epoch = train_dataset.position(step - 1)  # of the step that finished last
         cb.cur_epoch_num, cb.cur_step_in_epoch = epoch + 1, in_epoch + 1
     for c in callbacks:
-        if hasattr(c, "recovered"):
-            c.recovered(ctx)
+        c.recovered(ctx)
 
 
 def _call(callbacks, hook, ctx, done: list = None):

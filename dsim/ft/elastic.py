@@ -63,11 +63,10 @@ def pieces(specs, slots, old: ParallelLayout, new: ParallelLayout, source_of):
 def continue_smaller(run, comm, plan, cfg_of):
     """Steps 1-3 on every living process (collective over comm, the shrunk world); returns
     (new layout, new run or None on an idle process, the new world's comm ranks in comm)."""
-    from ..engine import build_run, resolve_layout
     from ..engine.state import owned_pieces
     old = run.groups.layout
     new = smaller_layout(old, comm.size)
-    resolve_layout(cfg_of(new), new.world_size)   # the batch and micro-batches fit (ConfigError, on every process
+    run.factory.fit(cfg_of(new), new.world_size)   # the batch and micro-batches fit (ConfigError, on every process
     run.network.check(new)                        # alike, before anything moves), and the model's slicing does
     old_of = ulfm.world_ranks(comm, run.groups.world)          # comm rank -> old world rank
     comm_of = {o: i for i, o in enumerate(old_of)}
@@ -84,7 +83,7 @@ def continue_smaller(run, comm, plan, cfg_of):
     world = comm.Split(0 if active else MPI.UNDEFINED, me)
     fresh = None
     if active:
-        fresh = build_run(cfg_of(new), world, initialize=False)
+        fresh = run.factory.build(cfg_of(new), world, initialize=False)
         arrays = {name: arr for name, _, _, arr in owned_pieces(fresh.network, fresh.optimizer)}
         for i, (name, _, r, nbox, part, src) in enumerate(moves):
             if r == me:

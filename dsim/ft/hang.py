@@ -54,7 +54,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..engine.callbacks import Callback, event, say
+from ..engine.callbacks import Callback
+from ..log import event, say
 from ..faults import same_process, started
 from ..parallel import progress
 from ..parallel.layout import ParallelLayout

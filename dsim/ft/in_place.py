@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..checkpoint.group_info import group_info
-from ..engine.callbacks import event, say
+from ..log import event, say
 from ..parallel import progress
 from .sdc import not_compared
 from .wrapper import IN_PROGRESS

@@ -28,7 +28,7 @@ from mpi4py import MPI
 from .. import faults
 from ..checkpoint.group_info import group_info, replica_sets
 from ..config import ConfigError, FaultConfig, config_from_dict
-from ..engine.callbacks import event, say
+from ..log import event, say
 from ..faults import UCEError
 from ..parallel import progress
 from ..parallel.groups import Groups
@@ -312,18 +312,19 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
     MPI.Request.Waitall(requests)
 
 
-def join_spawned(parent):
-    """A replacement spawned by the survivors of a dead rank (no spare was left): (run, step, joining)."""
+def join_spawned(parent, factory):
+    """A replacement spawned by the survivors of a dead rank (no spare was left): (run, step, joining); factory: how
+    runs are made (dsim.engine.run.Factory)."""
     warm.connected_to_spawned()
     merged = parent.Merge(high=True)
     joining = merged.bcast(None, root=0)
     warm.connect_all(merged)
     rank = joining["assign"][merged.rank]
     world = merged.Split(0, key=rank)
-    return take_place(world, warm.SparePool(merged, joining["spares"]), joining)
+    return take_place(world, warm.SparePool(merged, joining["spares"]), joining, factory)
 
 
-def take_place(world, pool, joining):
+def take_place(world, pool, joining, factory):
     """A newcomer (a spare, or spawned) takes a dead rank's place in `world`: (run, step, joining).
 
     Its model is built without initial values: every owned slice is received from a replica. Its joining is work
@@ -332,11 +333,10 @@ def take_place(world, pool, joining):
     for the watch to break either).
     """
     with progress.watched("repair"):
-        return _take_place(world, pool, joining)
+        return _take_place(world, pool, joining, factory)
 
 
-def _take_place(world, pool, joining):
-    from ..engine import build_run
+def _take_place(world, pool, joining, factory):
     from .hang import standby_heartbeat
     cfg = config_from_dict(joining["cfg"])
     # watched from now until its training heartbeat begins (a spare's goes on): frozen here, it is killed
@@ -348,7 +348,7 @@ def _take_place(world, pool, joining):
     job_wide = f.kind == "plan" or (f.kind == "exception" and f.rank is None)
     cfg.fault = f if job_wide else FaultConfig()
     with progress.waiting():  # (its groups' splits, with the survivors' Groups(world, layout))
-        run = build_run(cfg, world, initialize=False)
+        run = factory.build(cfg, world, initialize=False)
     run.spares = pool
     step = joining["step"]
     faults.newcomer_in_repair(f, world.rank, step)

@@ -34,7 +34,7 @@ from ..checkpoint import commit as cm
 from ..checkpoint.format import write_file
 from ..checkpoint.group_info import group_info_attr, replica_sets
 from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
-from ..engine.callbacks import event
+from ..log import event
 from ..parallel import progress
 from .hang import broke_deadlock
 from .ulfm import agree, revoke, revoke_groups, shrink

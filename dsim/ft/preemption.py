@@ -20,7 +20,8 @@ import signal
 
 import numpy as np
 
-from ..engine.callbacks import Callback, event, say
+from ..engine.callbacks import Callback
+from ..log import event, say
 from ..parallel import progress
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)

@@ -21,11 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..engine.callbacks import Callback, event, say
+from ..engine.callbacks import Callback
+from ..log import event, say
 from ..parallel import progress
-
-_active = None  # the SdcCheck of this process (ModelCheckpoint.save checks through it first)
-
 
 class SilentCorruption(RuntimeError):
     """Replicas that must be bit-identical differ: raised on every rank, after they all agreed."""
@@ -44,14 +42,6 @@ class SdcCheck(Callback):
     def __init__(self, every: Optional[int]):
         self.every = every
         self.checked = None  # the step last checked
-
-    def begin(self, run_context):
-        global _active
-        _active = self
-
-    def end(self, run_context):
-        global _active
-        _active = None
 
     def recovered(self, run_context):
         self.checked = None  # a step trained again (after a rollback) is checked again
@@ -95,6 +85,7 @@ class Rollback:
 
     def __init__(self, run):
         self.run, self.done = run, 0
+        self.saver = None  # the run's ModelCheckpoint (its async save in flight is abandoned first)
 
     def handles(self, error) -> bool:
         return isinstance(error, SilentCorruption) and self.done < ROLLBACKS
@@ -105,9 +96,9 @@ class Rollback:
 
         from ..checkpoint.errors import CheckpointError
         from ..checkpoint.recovery import recover
-        from ..checkpoint.saver import abandon_in_flight
         t0 = time.time()
-        abandon_in_flight("silent data corruption: the state being saved in the background is not kept")
+        if self.saver is not None:
+            self.saver.abandon("silent data corruption: the state being saved in the background is not kept")
         try:
             record, _ = recover(self.run, "auto")  # the same on every rank
         except CheckpointError as e:  # none usable (none committed yet): the job stops on the corruption's line
@@ -125,12 +116,6 @@ class Rollback:
             say(f"dsim: sdc: {describe(error.found)} at step {error.step}; rolled back in the job to {record['name']} "
                 f"(global step {step}, compared before it was saved) in {ms:.0f} ms; training goes on after step {step}")
         return step
-
-
-def before_save(cb) -> None:
-    """Called by ModelCheckpoint.save first: a checkpoint is saved only from replicas found identical."""
-    if _active is not None:
-        _active.check(cb)
 
 
 def digests(optimizer) -> dict:

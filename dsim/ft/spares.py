@@ -91,9 +91,9 @@ class SparePool:
             pass
 
 
-def training_ranks(cfg, size: int) -> int:
-    """How many of `size` processes train (the rest are spares); a ConfigError when that cannot fit."""
-    from ..engine.builder import resolve_layout
+def training_ranks(cfg, size: int, fit) -> int:
+    """How many of `size` processes train (the rest are spares); a ConfigError when that cannot fit (fit: the run
+    factory's, dsim.build.resolve_layout)."""
     n = cfg.tft.spares
     if not n:
         return size
@@ -102,7 +102,7 @@ def training_ranks(cfg, size: int) -> int:
         raise ConfigError(f"tft.spares={n} leaves no training rank in a job of {size} process(es): "
                           f"launch mpirun -n <training ranks + {n}>")
     try:
-        resolve_layout(cfg, ranks)
+        fit(cfg, ranks)
     except (LayoutError, ConfigError) as e:
         p = cfg.parallel
         mp = p.model_parallel
@@ -113,11 +113,12 @@ def training_ranks(cfg, size: int) -> int:
     return ranks
 
 
-def split(comm, cfg):
-    """(training world or None on a spare, SparePool or None without tft.arf). Collective over comm."""
+def split(comm, cfg, fit):
+    """(training world or None on a spare, SparePool or None without tft.arf). Collective over comm. fit: as for
+    training_ranks."""
     if not cfg.tft.arf:
         return comm, None
-    ranks = training_ranks(cfg, comm.size)
+    ranks = training_ranks(cfg, comm.size, fit)
     ids = comm.allgather((socket.gethostname(), os.getpid()))
     pool = SparePool(comm, list(range(ranks, comm.size)), ids[:ranks])
     if ranks == comm.size:
@@ -172,12 +173,12 @@ def _wait(pool: SparePool):
 
 
 def warm_up() -> None:
-    """Import what training needs now, while idle, so taking a place costs no imports."""
+    """Import what training needs now, while idle, so taking a place costs no imports (the in-job repair, which
+    takes the place, is imported by whoever waits here: dsim.train)."""
     import h5py  # noqa: F401
 
     from ..checkpoint import saver  # noqa: F401
-    from ..engine import build_run  # noqa: F401
-    from . import inprocess, last_gasp  # noqa: F401
+    from . import last_gasp  # noqa: F401
 
 
 class RefillFailed(Exception):

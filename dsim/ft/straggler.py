@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from ..engine.callbacks import event, say
+from ..log import event, say
 
 STEPS = 5  # steps of its own a rank must stay past the factor to be judged a straggler
 

@@ -20,7 +20,8 @@ import sys
 import time
 import traceback
 
-from ..engine.callbacks import Callback, event
+from ..engine.callbacks import Callback
+from ..log import event
 
 
 def handle_process_failure(run, error) -> int:
@@ -110,7 +111,7 @@ class TFTRegister(Callback):
         from ..checkpoint import ModelCheckpoint
         from ..config import Config, ConfigError, apply_tft_env
         from ..context import get_context
-        from ..engine.builder import Run
+        from ..engine.run import Run
         if not hasattr(model.optimizer, "states"):
             raise ConfigError(f"{type(self).__name__} needs the optimizer wrapped: nn.OptTFTWrapper(optimizer), "
                               "as on the page")
