@@ -220,14 +220,28 @@ def notice_ranks(pid: int) -> bool:
     """SIGTERM to mpirun's (pid's) ranks on this node, not to mpirun: Open MPI's launcher kills its ranks at once on a
     SIGTERM, while a rank with checkpoint.save_on_signal takes it as a scheduler's notice (dsim.ft.preemption): every
     rank, on every node, then stops after the same step, saved (a rank without it ends, as on mpirun's kill).
-    Whether there was a rank to tell."""
-    ranks = children(pid)
+    Whether there was a rank to tell.
+
+    Only processes of the job (is_rank): on a job over several hosts mpirun's other children start the daemons of
+    the other hosts (ssh, or a test cluster's agent); a SIGTERM ends them, and mpirun then takes those daemons for
+    failed and ends the job unsaved. The other hosts' ranks learn of the notice from these (dsim.ft.preemption)."""
+    ranks = [child for child in children(pid) if is_rank(child)]
     for rank in ranks:
         try:
             os.kill(rank, signal.SIGTERM)
         except ProcessLookupError:
             pass
     return bool(ranks)
+
+
+def is_rank(pid: int) -> bool:
+    """Whether a child of mpirun is a process of the job (Open MPI gave it a PMIx rank), not one that starts a
+    daemon on another host; True when its environment cannot be read."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return True
+    return environ.startswith(b"PMIX_RANK=") or b"\0PMIX_RANK=" in environ
 
 
 def ends_with(parent: int):
