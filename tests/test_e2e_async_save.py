@@ -5,6 +5,7 @@ import re
 import pytest
 
 from conftest import made_once, mpirun
+from dsim import inspect as dinspect
 from test_e2e_checkpoint import LOSS, RUN, same_final_state
 
 pytestmark = pytest.mark.e2e
@@ -20,7 +21,7 @@ def synchronous(tmp_path_factory):
 
 
 @pytest.mark.parametrize("staging", ["memory", "page_cache"])
-def test_async_save_kill_mid_write_then_resume_is_bit_identical(synchronous, tmp_path, staging):
+def test_async_save_kill_mid_write_then_resume_is_bit_identical(synchronous, tmp_path, staging, capsys):
     """With either staging (a snapshot buffer, or the live arrays written into the page cache)."""
     ref, ref_dir = synchronous
     dir_ = tmp_path / "async"
@@ -39,6 +40,11 @@ def test_async_save_kill_mid_write_then_resume_is_bit_identical(synchronous, tmp
     assert SAVED.findall(resumed.stdout) == ["network_1-2_10", "network_1-3_10"]
     assert LOSS.findall(resumed.stdout) == LOSS.findall(ref.stdout)[1:]
     same_final_state(ref_dir / "run" / "checkpoints", "network-3_10", ckpt, "network_1-3_10")
+    # every checkpoint written in the background verifies clean; what the kill left of step 20 was never committed
+    assert dinspect.main([str(ckpt), "--verify"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"verify {name}: ok (8 files, 27 tensors" in listing
+               for name in ("network-1_10", "network_1-2_10", "network_1-3_10")), listing
 
 
 def test_a_kill_during_an_async_save_abandons_it_and_the_last_gasp_saves(ft_reference, tmp_path):

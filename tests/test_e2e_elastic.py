@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import made_once, mpirun
+from dsim import inspect as dinspect
 from ftjob import OPTS, error_lines, fault
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +35,7 @@ def close(got: dict, want: dict, steps) -> float:
     return max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
 
 
-def test_two_kills_continue_on_six_then_four_ranks(tmp_path, want):
+def test_two_kills_continue_on_six_then_four_ranks(tmp_path, want, capsys):
     job = tmp_path / "job"
     job.mkdir()
     proc = mpirun(8, [*RUN, "--set", "tft.elastic=true", "--set", "checkpoint.keep_checkpoint_max=2",
@@ -62,6 +63,8 @@ def test_two_kills_continue_on_six_then_four_ranks(tmp_path, want):
     verify = mpirun(1, ["-m", "dsim.inspect", str(ckpt), "--verify"], cwd=job)  # saved by worlds of 6 and of 4
     assert verify.returncode == 0 and f"{ckpt}: clean" in verify.stdout, verify.stdout + verify.stderr
     assert "verify network-2_4: ok (6 files" in verify.stdout and "verify network-2_10: ok (4 files" in verify.stdout
+    assert dinspect.main(["--survivability", str(ckpt)]) == 0  # the newest, saved by the world of 4
+    assert "network-2_10: 4 ranks, replica sets (group info) {0,2} {1,3}" in capsys.readouterr().out
     resumed = mpirun(4, [*RUN, "--set", "train.epochs=3", "--resume", "auto"], cwd=job, check=0)
     assert "dsim: resumed from run/checkpoints/rank_0/network-2_10.h5 (global step 20: epoch 3 step 0)" in resumed.stdout
 

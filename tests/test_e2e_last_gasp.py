@@ -9,6 +9,7 @@ import re
 import pytest
 
 from conftest import ROOT, launch, mpirun
+from dsim import inspect as dinspect
 from dsim.checkpoint import load_checkpoint
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault as _fault, final_state_equal
 
@@ -153,7 +154,7 @@ def test_second_failure_during_the_last_gasp_leaves_no_partial_checkpoint(ft_ref
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")
 
 
-def test_second_failure_with_a_replica_left_is_saved_by_the_rest(ft_reference, tmp_path):
+def test_second_failure_with_a_replica_left_is_saved_by_the_rest(ft_reference, tmp_path, capsys):
     """dp4 x mp2 k2: rank 0 dies, then rank 1 during the last gasp; the 6 left start again and commit."""
     ref_losses, ref_ckpt = ft_reference("dp4xmp2k2")
     opts = [*BASE, *LAYOUTS["dp4xmp2k2"]]
@@ -163,6 +164,12 @@ def test_second_failure_with_a_replica_left_is_saved_by_the_rest(ft_reference, t
     assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
         "dsim: error: rank(s) 0, 1 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed in "
         f"{TTP}/tft_saved_checkpoints-step_12 by 6 survivors"), crash.stderr
+    # written by 6 of 8 ranks, the optimizer state sharded: it verifies clean, and survivability reads its group info
+    where = str(tmp_path / TTP / "tft_saved_checkpoints-step_12")
+    assert dinspect.main([where, "--verify"]) == 0
+    assert "verify ttp-2_2: ok (8 files, 27 tensors" in capsys.readouterr().out
+    assert dinspect.main(["--survivability", where]) == 0
+    assert "8 ranks, replica sets (group info) {0,4} {1,5} {2,6} {3,7}" in capsys.readouterr().out
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
     assert LOSS.findall(proc.stdout) == ref_losses[12:]
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints")

@@ -9,9 +9,11 @@ import re
 import shutil
 
 import h5py
+import numpy as np
 import pytest
 
 from conftest import dsim_cli, mpirun
+from dsim import inspect as dinspect
 from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_equal, redone_once
 
 pytestmark = pytest.mark.e2e
@@ -37,14 +39,27 @@ def test_pipeline_run_and_its_stages(ft_reference, tmp_path):
     assert "any two ranks except {0,1}, {2,3}, {4,5}, {6,7} (24 of 28 survive)" in surv, surv
 
 
-def test_verify_of_a_pipeline_checkpoint(ft_reference, tmp_path):
+def test_verify_of_a_pipeline_checkpoint(ft_reference, tmp_path, capsys):
     """--verify knows that a stage holds only its own layers: clean on a fault-free run, also from a commit record
     of the format before (no slices: the stages decide who holds what); a tensor missing from a rank of its
-    stage is still found."""
+    stage is still found. The other tools read it too: resharded offline (the stages kept) it verifies clean, and
+    merged, before and after, it is the same whole tensors."""
     _, ckpt = ft_reference("pp4xdp2")
     verify = mpirun(1, ["-m", "dsim.inspect", str(ckpt), "--verify"], cwd=tmp_path)
     assert verify.returncode == 0 and f"{ckpt}: clean" in verify.stdout, verify.stdout + verify.stderr
     assert "verify network-2_10: ok (8 files, 27 tensors" in verify.stdout, verify.stdout
+    from dsim.checkpoint.catalog import scan
+    from dsim.checkpoint.merge import merge
+    from dsim.reshard import main as reshard
+    assert reshard([str(ckpt / "network-2_10.commit"), "--layout", "dp=1", "-o", str(tmp_path / "dp1")]) == 0
+    assert dinspect.main([str(tmp_path / "dp1"), "--verify"]) == 0  # dp2 -> dp1: 4 files, one a stage
+    assert "verify network-2_10: ok (4 files, 27 tensors" in capsys.readouterr().out
+    for source, out in [(ckpt, "pp4xdp2.h5"), (tmp_path / "dp1", "pp4xdp1.h5")]:
+        merge(scan(source).committed[-1], tmp_path / out)  # virtual datasets over every stage's files
+    with h5py.File(tmp_path / "pp4xdp2.h5", "r") as a, h5py.File(tmp_path / "pp4xdp1.h5", "r") as b:
+        names = [f"{k}/{n}" for k in ("params", "optimizer") for n in a[k]]
+        assert len(names) == 27 and all(np.array_equal(a[n][()], b[n][()]) for n in names)
+        assert a["params/layer5.weight"].shape == (10, 64)
     copy = tmp_path / "checkpoints"
     shutil.copytree(ckpt, copy)
     for commit in copy.glob("*.commit"):
@@ -60,13 +75,17 @@ def test_verify_of_a_pipeline_checkpoint(ft_reference, tmp_path):
     assert "params/layer3.bias: missing from the file(s) of rank(s) 3" in verify.stdout + verify.stderr, verify.stdout
 
 
-def test_kill_in_a_middle_stage_last_gasp_then_resume(ft_reference, tmp_path):
+def test_kill_in_a_middle_stage_last_gasp_then_resume(ft_reference, tmp_path, capsys):
     ref_losses, ref_ckpt = ft_reference("pp4xdp2")
     opts = [*PIPELINE, "--set", "tft.ttp=true"]
     crash = mpirun(8, [*opts, *fault("kill", 3, "forward", 12)], cwd=tmp_path, timeout=120, ft=True)
     assert crash.returncode == 1 and "killing rank 3 (SIGKILL) during the forward of step 12" in crash.stdout
     errors = error_lines(crash)
     assert len(errors) == 1 and "last-gasp checkpoint ttp-2_1 (global step 11) committed" in errors[0], crash.stderr
+    # the last gasp of a pipeline (rank 3's file written by its replica) verifies clean, as the periodic one
+    assert dinspect.main([str(tmp_path / "run" / "checkpoints"), "--verify"]) == 0
+    listing = capsys.readouterr().out
+    assert "verify ttp-2_1: ok (8 files, 27 tensors" in listing and "verify network-1_7: ok (8 files" in listing, listing
     proc = mpirun(8, [*opts, "--resume", "auto"], cwd=tmp_path, check=0, ft=True)
     assert "(global step 11: epoch 2 step 1)" in proc.stdout
     assert LOSS.findall(proc.stdout) == ref_losses[11:]
