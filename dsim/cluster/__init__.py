@@ -153,18 +153,31 @@ def _cmdline(pid: int) -> str:
 
 
 def teardown(name: str) -> None:
-    """Remove everything of cluster `name` that is on the machine (see the module's docstring); idempotent."""
-    ns = namespaces(f"{PREFIX}{name}-")
-    kill_all(ns)
-    for n in ns:
-        _run(["ip", "netns", "del", n], check=False)
-    for p in Path("/etc/netns").glob(f"{PREFIX}{name}-*"):
-        shutil.rmtree(p, ignore_errors=True)
+    """Remove everything of cluster `name` that is on the machine (see the module's docstring); idempotent.
+    SIGINT, SIGTERM and SIGHUP wait until it is done (a second Ctrl-C does not leave half a cluster); a process
+    that would not die is named in a ClusterError after the rest is removed."""
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
-        Path("/etc/netns").rmdir()  # only when empty: ip netns exec reads it for every namespace
-    except OSError:
-        pass
-    shutil.rmtree(STATE_ROOT / name, ignore_errors=True)
+        ns = namespaces(f"{PREFIX}{name}-")
+        stuck = None
+        try:
+            kill_all(ns)
+        except ClusterError as e:
+            stuck = e
+        for n in ns:
+            _run(["ip", "netns", "del", n], check=False)
+        for p in Path("/etc/netns").glob(f"{PREFIX}{name}-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        try:
+            Path("/etc/netns").rmdir()  # only when empty: ip netns exec reads it for every namespace
+        except OSError:
+            pass
+        shutil.rmtree(STATE_ROOT / name, ignore_errors=True)
+        if stuck:
+            raise stuck
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Cluster:
@@ -330,15 +343,22 @@ exec nsenter --target "$pid" --net --mount --uts --wd="$PWD" -- /bin/sh -c "$*"
                 self._old_handlers[s] = signal.signal(s, _raise_exit)
             except ValueError:
                 pass  # not the main thread: the caller's handlers stay
-        return self.up()
+        try:
+            return self.up()
+        except BaseException:
+            self._restore_handlers()
+            raise
 
     def __exit__(self, *exc) -> None:
         try:
             self.down()
         finally:
-            for s, handler in self._old_handlers.items():
-                signal.signal(s, handler)
-            self._old_handlers.clear()
+            self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for s, handler in self._old_handlers.items():
+            signal.signal(s, handler)
+        self._old_handlers.clear()
 
     # using it
     def env(self) -> dict[str, str]:
