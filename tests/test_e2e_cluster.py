@@ -183,3 +183,37 @@ def test_a_cluster_leaves_nothing_behind(end, tmp_path):
     while processes_with(name) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_with(name) == []
+
+
+# 10 MB from node2's server to whoever connects: the time it takes tells the link's rate
+SERVER = ("import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind(('0.0.0.0', 5000)); s.listen()\nwhile True:\n    c, _ = s.accept(); c.sendall(b'x' * 10_000_000); c.close()")
+CLIENT = ("import socket, time\nt = time.time(); s = socket.create_connection(('node2', 5000), timeout=1); n = 0\n"
+          "while (b := s.recv(1 << 20)): n += len(b)\nprint(n, time.time() - t)")
+
+
+def test_the_node_faults_a_cluster_makes(tmp_path):
+    """What the node-fault tests use: a link shaped with tc tbf carries 10 MB in about 0.8 s at 100 Mbit/s; a cut
+    link carries nothing until restored; killing a host kills every process on it but the host itself."""
+    skip_without_namespaces()
+    with Cluster(hosts=2, slots=1, name=f"f{os.getpid()}", rate="100mbit") as c:
+        server = subprocess.Popen(c.command(2, [sys.executable, "-c", SERVER], tmp_path))
+
+        def fetch():
+            for _ in range(50):  # the server may still be starting
+                p = subprocess.run(c.command(1, [sys.executable, "-c", CLIENT], tmp_path), capture_output=True,
+                                   text=True, timeout=30)
+                if "ConnectionRefused" not in p.stderr:
+                    return p
+                time.sleep(0.1)
+        got = fetch()
+        assert got.returncode == 0 and got.stdout.split()[0] == "10000000", got.stderr
+        assert float(got.stdout.split()[1]) > 0.6  # 80 Mbit at 100 Mbit/s: 0.8 s; unshaped here 0.06 s
+        c.cut(2)
+        assert "timed out" in fetch().stderr
+        c.restore(2)
+        assert fetch().returncode == 0
+        assert server.pid in c.processes(2)
+        assert server.pid in c.kill_host(2) and c.processes(2) == [c.keepers[2]]
+        assert server.wait(timeout=10) == -signal.SIGKILL
+    assert leftovers(c.name) == []
