@@ -110,9 +110,8 @@ def standard_callbacks(run: Run, extra=()):
                                 lease=run.lease)
         if sdc is not None:  # a checkpoint is saved only from replicas found identical
             saver.before_save.append(sdc.check)
-        if run.model.rollback is not None:
-            run.model.rollback.saver = saver
         cbs.append(saver)
+    run.saver = saver
     if cfg.fault.kind:
         f = cfg.fault
         cbs.append(FaultInjector(f.kind, f.rank, f.step, f.epoch, f.at, f.last_gasp_kill, f.slowdown,

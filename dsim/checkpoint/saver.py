@@ -159,21 +159,6 @@ class _Pending:
     error: tuple = (None, True)   # (error text, whether the storage failed) of what went wrong before the thread
 
 
-_active = None  # the ModelCheckpoint of this process's running training (abandon_in_flight)
-
-
-def abandon_in_flight(why: str):
-    """Abandon this process's async save in flight, if any (before a last gasp); returns the line to log or None."""
-    return _active.abandon(why) if _active is not None else None
-
-
-def copying_in_flight() -> bool:
-    """Whether this process's async save is still copying the live state into its snapshot (or the page cache)."""
-    p = _active.pending if _active is not None else None
-    writer = getattr(p, "writer", None)
-    return writer is not None and not writer.copied.is_set()
-
-
 class ModelCheckpoint(Callback):
     """Save checkpoints into `directory` as `prefix-{epoch}_{step}` (MindSpore's callback).
 
@@ -208,10 +193,9 @@ class ModelCheckpoint(Callback):
 
     # -- callback hooks ------------------------------------------------------------------------------
     def begin(self, run_context):
-        global _active
         cb = run_context.original_args()
         comm, layout = cb.model.groups.world, cb.model.groups.layout
-        self.rank, _active = cb.rank, self
+        self.rank = cb.rank
         self.begun_step = cb.cur_step_num
         prefix, names, in_use = None, None, None
         if cb.rank == 0:
@@ -253,11 +237,10 @@ class ModelCheckpoint(Callback):
     def join(self, run_context, joining: dict) -> None:
         """begin() for a replacement process entering a running job: take the job's state, no collectives."""
         state = joining["callbacks"][type(self).__name__]
-        global _active
         self.prefix, self.last_saved_step, self.saved = state["prefix"], state["last_saved_step"], state["saved"]
         self.committed_step = self.last_saved_step
         cb = run_context.original_args()
-        self.rank, _active = cb.rank, self
+        self.rank = cb.rank
         self.begun_step = cb.cur_step_num
         write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
 
@@ -335,8 +318,6 @@ class ModelCheckpoint(Callback):
 
     def end(self, run_context):
         self.finishing(run_context)  # (done already when Model.train ran it: nothing left to save or commit)
-        global _active
-        _active = None
         if self.own_lease:
             self.lease.release()
             self.lease, self.own_lease = None, False
@@ -447,6 +428,11 @@ class ModelCheckpoint(Callback):
             if e is not None and error is None:
                 error, storage = error_text(e), isinstance(e, OSError)
         self._conclude(cb, p, error, storage, written)
+
+    def copying(self) -> bool:
+        """Whether an async save in flight is still copying the live state into its snapshot (or the page cache)."""
+        writer = getattr(self.pending, "writer", None)
+        return writer is not None and not writer.copied.is_set()
 
     def abandon(self, why: str):
         """Drop the save in flight without committing it (no MPI: a last gasp or an in-job repair takes over);

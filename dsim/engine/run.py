@@ -36,6 +36,7 @@ class Run:
     eval_dataset: object = None  # data.eval_samples: the held-out samples, evaluated after every epoch
     stop_on_signal: object = None  # dsim.ft.preemption.StopOnSignal with checkpoint.save_on_signal
     lease: object = None  # dsim.checkpoint.lease.Lease on the checkpoint directory (rank 0), from before a resume
+    saver: object = None  # the ModelCheckpoint it saves with (its async save in flight is abandoned on a failure)
     factory: Factory = None  # what made it (dsim.build.FACTORY); None for a script's run, which is not remade
 
     @property

@@ -59,8 +59,8 @@ class InPlace:
         return layout.data_parallel > layout.optimizer_shard
 
     def applies(self, point: str) -> bool:
-        from ..checkpoint.saver import copying_in_flight
-        return point == "forward" and self.armed() and not copying_in_flight()
+        saver = self.run.saver
+        return point == "forward" and self.armed() and not (saver is not None and saver.copying())
 
     def repair(self, error, point: str) -> bool:
         """On the damaged rank: True when repaired from a replica (training goes on), False to repair the job."""

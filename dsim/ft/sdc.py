@@ -85,7 +85,6 @@ class Rollback:
 
     def __init__(self, run):
         self.run, self.done = run, 0
-        self.saver = None  # the run's ModelCheckpoint (its async save in flight is abandoned first)
 
     def handles(self, error) -> bool:
         return isinstance(error, SilentCorruption) and self.done < ROLLBACKS
@@ -97,8 +96,8 @@ class Rollback:
         from ..checkpoint.errors import CheckpointError
         from ..checkpoint.recovery import recover
         t0 = time.time()
-        if self.saver is not None:
-            self.saver.abandon("silent data corruption: the state being saved in the background is not kept")
+        if self.run.saver is not None:
+            self.run.saver.abandon("silent data corruption: the state being saved in the background is not kept")
         try:
             record, _ = recover(self.run, "auto")  # the same on every rank
         except CheckpointError as e:  # none usable (none committed yet): the job stops on the corruption's line

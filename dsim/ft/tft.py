@@ -59,12 +59,11 @@ def no_repair(reason: str, **fields) -> None:
 def on_process_failure(run, noticed_at: float, error) -> int:
     """An MPI call failed under ULFM: if a rank died (or the hang watch broke a deadlock: dsim.ft.hang), save the
     last-gasp checkpoint when it is on; report; exit 1."""
-    from ..checkpoint.saver import abandon_in_flight
     from ..faults import UCEError
     from . import last_gasp, ulfm
     from .inprocess import RepairInterrupted
-    note = abandon_in_flight("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
-                             else "a rank failed")
+    note = run.saver.abandon("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
+                             else "a rank failed") if run.saver is not None else None
     damaged = isinstance(error, UCEError) or getattr(run.optimizer, "damaged", False)
     try:
         out = (last_gasp.save(run, noticed_at) if run.cfg.tft.ttp
@@ -128,7 +127,7 @@ class TFTRegister(Callback):
             cfg.checkpoint.append_info = list(saver.config.append_info)
             cfg.checkpoint.directory = str(saver.directory)
         cfg.output.dir, cfg.seed = get_context().output_dir, model.seed
-        return Run(cfg, model.groups, model.network, model.optimizer, model, model.loader)
+        return Run(cfg, model.groups, model.network, model.optimizer, model, model.loader, saver=saver)
 
     def guard_training(self, model, body, callbacks):
         """Run Model.train's loop (body) with the faults handled as MindSpore's TFT does; exit 1 after a last gasp."""
