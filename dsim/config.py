@@ -379,6 +379,11 @@ def apply_tft_env(tft: TFTConfig, value) -> None:
         tft.ttp = True                      # any other: what follows it is what this config does for one)
 
 
+INTEGRATED_PIPELINE = ("config: checkpoint.integrated_save with parallel.pipeline_stage={p}: the one file of whole "
+                       "tensors is written by rank 0, which holds only the first stage's layers; save sharded "
+                       "(integrated_save: false) and merge the shards with python -m dsim.inspect --merge")
+
+
 def validate(cfg: Config) -> None:
     """Checks that need more than one field (the layout's fit to the world size is checked at launch)."""
     if cfg.dtype not in ("float32", "float64"):
@@ -395,6 +400,8 @@ def validate(cfg: Config) -> None:
     if cfg.data.eval_samples and cfg.parallel.pipeline_stage > 1:
         raise ConfigError("config: data.eval_samples with parallel.pipeline_stage > 1 is not supported yet "
                           "(each stage holds part of the network)")
+    if cfg.checkpoint.integrated_save and cfg.parallel.pipeline_stage > 1:
+        raise ConfigError(INTEGRATED_PIPELINE.format(p=cfg.parallel.pipeline_stage))
     if cfg.tft.spares < 0:
         raise ConfigError(f"config: tft.spares must be >= 0, got {cfg.tft.spares}")
     n = cfg.tft.sdc_check_every

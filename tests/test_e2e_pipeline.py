@@ -178,11 +178,17 @@ BAD = [
      "(data.batch_size=32 / data_parallel=1)", 8),
     (["--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=2", "--set", "parallel.pipeline_schedule=zb"],
      "dsim: error: config: parallel.pipeline_schedule must be one of 1f1b, gpipe, got 'zb'", None),
+    # one file of whole tensors written by rank 0, which holds stage 0 only: refused, not saved short of 3 stages
+    (["--set", "parallel.pipeline_stage=4", "--set", "parallel.model_parallel=1", "--set", "parallel.micro_batch_num=8",
+      "--set", "checkpoint.integrated_save=true"],
+     "dsim: error: config: checkpoint.integrated_save with parallel.pipeline_stage=4: the one file of whole tensors is "
+     "written by rank 0, which holds only the first stage's layers; save sharded (integrated_save: false) and merge "
+     "the shards with python -m dsim.inspect --merge", None),
 ]
 
 
 @pytest.mark.parametrize("options,line,ranks", BAD, ids=["p-not-dividing", "p-over-layers", "m-below-p",
-                                                         "m-not-dividing", "schedule"])
+                                                         "m-not-dividing", "schedule", "integrated"])
 def test_bad_pipeline_settings_one_line_exit_2(tmp_path, options, line, ranks):
     proc = dsim_cli(ranks, ["-m", "dsim.train", *OPTS, *options], cwd=tmp_path, timeout=180)
     errors = [x for x in proc.stderr.splitlines() if x.startswith("dsim: error:")]

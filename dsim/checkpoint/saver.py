@@ -196,6 +196,10 @@ class ModelCheckpoint(Callback):
         cb = run_context.original_args()
         comm, layout = cb.model.groups.world, cb.model.groups.layout
         self.rank = cb.rank
+        if self.config.integrated_save and layout.pipeline_stage > 1:  # (every rank alike, before any collective)
+            raise CheckpointError(f"integrated_save with {layout.pipeline_stage} pipeline stages: the one file of "
+                                  "whole tensors is written by rank 0, which holds only the first stage's layers; "
+                                  "save sharded and merge the shards (python -m dsim.inspect --merge)")
         self.begun_step = cb.cur_step_num
         prefix, names, in_use = None, None, None
         if cb.rank == 0:
