@@ -176,7 +176,9 @@ def repair_file(directory, record: dict, rank: int, layout: ParallelLayout, shar
     if path.exists() or path.is_symlink():
         kept = _free_name(path.with_name(path.name + ".damaged"))
         os.replace(path, kept)
-    meta = {k: v for k, v in shard.meta.items() if k not in ("format", "format_version")}
+    # the replica's content in its own format (2 or 3: the record's digest covers the version); format 1, which
+    # had no metadata checksums, in today's
+    meta = {k: v for k, v in shard.meta.items() if k != "format" and not (k == "format_version" and v < 2)}
     meta.update(rank=rank, group_info=group_info_as(shard.meta.get("group_info"), layout, rank))
     write_file(path, meta, shard.tensors.values(), shard.append_info)
     info = cm.rank_dir(directory, rank) / "group_info.json"
