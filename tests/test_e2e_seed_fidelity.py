@@ -88,6 +88,14 @@ def test_transformer_checkpoints_hold_mindspores_shapes_and_older_ones_are_refus
             ds = f[f"params/{name}"]
             assert (list(ds.attrs["global_shape"]), ds.attrs["split"], list(ds.shape)) == (shape, split, extents), name
     name = files[0].stem
+    verify = run_command([sys.executable, "-m", "dsim.inspect", str(ckpt), "--verify"], tmp_path, 120, None)
+    assert verify.returncode == 0 and f"verify {name}: ok" in verify.stdout, verify.stdout + verify.stderr
+    merged = run_command([sys.executable, "-m", "dsim.inspect", "--merge", str(ckpt / name), "-o",
+                          str(tmp_path / "merged.h5")], tmp_path, 120, 0)
+    with h5py.File(tmp_path / "merged.h5", "r") as f:   # whole tensors in MindSpore's shapes
+        for tensor, (shape, _, _) in want.items():
+            assert f[f"params/{tensor}"].shape == tuple(shape), (tensor, merged.stdout)
+        assert not np.isnan(f["params/encoder.blocks.0.output.mapping.weight"][()]).any()
     for path in files:  # as an older dsim wrote them: format 2, (out, in) (the checksums made again, as it made them)
         with h5py.File(path, "r+") as f:
             f.attrs["format_version"] = 2
