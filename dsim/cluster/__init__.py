@@ -169,10 +169,6 @@ def teardown(name: str) -> None:
             _run(["ip", "netns", "del", n], check=False)
         for p in Path("/etc/netns").glob(f"{PREFIX}{name}-*"):
             shutil.rmtree(p, ignore_errors=True)
-        try:
-            Path("/etc/netns").rmdir()  # only when empty: ip netns exec reads it for every namespace
-        except OSError:
-            pass
         shutil.rmtree(STATE_ROOT / name, ignore_errors=True)
         if stuck:
             raise stuck
