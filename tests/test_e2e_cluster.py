@@ -130,6 +130,49 @@ def test_node_local_checkpoints_one_disk_replaced_resume_bit_identical(cluster, 
         assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want), r
 
 
+def test_a_sigterm_notice_to_the_launch_script_saves_on_both_hosts(cluster, tmp_path):
+    """A scheduler's SIGTERM to the launch script: the launcher passes it to the ranks on node1 only, not to the agent
+    that holds node2's daemon (ending that ended the job unsaved); node2's ranks learn of it from the step's
+    all-reduce, and every rank stops after the same step, saved on its own host's disk, exit 143."""
+    cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/notice", *SMALL_ARGS,
+           "--set", "train.epochs=25", "--set", "checkpoint.save_on_signal=true", "--set", "output.dir=run"]
+    env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix}
+    proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run" / "metrics.jsonl").exists() or len(losses(tmp_path / "run")) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, out + err
+    stopped = [line for line in out.splitlines() if "SIGTERM: training stopped after step" in line]
+    assert stopped, out + err
+    step = int(stopped[0].split("after step ")[1].split()[0])
+    assert 3 <= step < 100 and losses(tmp_path / "run")[-1][0] == step
+    for host, ranks in ((1, range(0, 4)), (2, range(4, 8))):
+        for r in ranks:
+            assert len(list((cluster.disk(host) / "notice" / f"rank_{r}").glob("*.h5"))) == 1
+
+
+def test_the_launchers_timeout_ends_the_ranks_on_every_host(cluster, tmp_path):
+    """dsim/ft/launcher.py --timeout on a job over both hosts: exit 124, and no rank left on either host."""
+    record = 'hostname > host.$OMPI_COMM_WORLD_RANK && exec sleep 300'
+    cmd = [sys.executable, str(LAUNCHER), "--timeout", "6", str(BIN / "mpirun"), *cluster.mpirun_args(), "-n", "8",
+           "sh", "-c", record]
+    proc = run_command(cluster.command(1, cmd, tmp_path), tmp_path, 60, 124, cluster.env())
+    assert hosts_of_ranks(tmp_path, 8) == ["node1"] * 4 + ["node2"] * 4, proc.stderr
+    deadline = time.monotonic() + 5
+    while any(cluster.processes(h) != [cluster.keepers[h]] for h in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [cluster.processes(h) for h in (1, 2)] == [[cluster.keepers[1]], [cluster.keepers[2]]]
+
+
 # Nothing left behind. A job of two ranks on two hosts, each rank writing a file then sleeping; the cluster made by
 # `python -m dsim.cluster run` for it, which then ends one of four ways.
 SLEEPER = "import os, time; open('started.' + os.environ['OMPI_COMM_WORLD_RANK'], 'w').close(); time.sleep(313.25)"
