@@ -230,7 +230,8 @@ def test_a_cluster_leaves_nothing_behind(end, tmp_path):
 
 # 10 MB from node2's server to whoever connects: the time it takes tells the link's rate
 SERVER = ("import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "s.bind(('0.0.0.0', 5000)); s.listen()\nwhile True:\n    c, _ = s.accept(); c.sendall(b'x' * 10_000_000); c.close()")
+          "s.bind(('0.0.0.0', 5000)); s.listen()\n"
+          "while True:\n    c, _ = s.accept(); c.sendall(b'x' * 10_000_000); c.close()")
 CLIENT = ("import socket, time\nt = time.time(); s = socket.create_connection(('node2', 5000), timeout=1); n = 0\n"
           "while (b := s.recv(1 << 20)): n += len(b)\nprint(n, time.time() - t)")
 
