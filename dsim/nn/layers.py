@@ -15,9 +15,9 @@ import numpy as np
 from ..parallel.groups import allreduce_sum
 from ..parallel.layout import ParamSpec
 
-_WEIGHT_AXIS = {  # which axis of the stored weight each split cuts
-    ("matmul", "column"): 1, ("matmul", "row"): 0,
-    ("dense", "column"): 0, ("dense", "row"): 1,
+_WEIGHT_AXIS = {  # (weight stored (in, out), split) -> which axis of the stored weight the split cuts
+    (True, "column"): 1, (True, "row"): 0,
+    (False, "column"): 0, (False, "row"): 1,
 }
 
 
@@ -62,7 +62,7 @@ class Dense(Layer):
         self.has_bias = has_bias and kind == "dense"
         self.reduce_dx = reduce_dx
         self.in_out = kind == "matmul" or not transpose_b   # the weight stored (in, out)
-        axis = _WEIGHT_AXIS.get(("matmul" if self.in_out else "dense", split))
+        axis = _WEIGHT_AXIS.get((self.in_out, split))
         if kind == "matmul":
             self.specs = [ParamSpec(f"{name}.param", (in_features, out_features), axis)]
         else:
