@@ -245,7 +245,7 @@ class ModelCheckpoint(Callback):
         self.committed_step = self.last_saved_step
         cb = run_context.original_args()
         self.rank = cb.rank
-        self.begun_step = cb.cur_step_num
+        self.begun_step = None  # the job it joins began training before: its last step saves as the others' does
         write_group_info(cm.rank_dir(self.directory, cb.rank) / "group_info.json", cb.model.groups.layout, cb.rank)
 
     def recovered(self, run_context):
