@@ -7,13 +7,16 @@
   launcher then exits with the status mpirun would have given, told from the ranks it left unreaped
   (ranks_status), or 1 when that cannot be told.
 - a **failed start**: now and then it exits before starting any rank, with "The PMIx server's listener
-  thread failed to start" (once in some hundreds of launches; seen in CI). No rank ran, so nothing was read
+  thread failed to start" (rare: about once in some hundreds of launches). No rank ran, so nothing was read
   or written: it is started again, up to START_TRIES times.
 - an **abort at its end**: the stall's other face. Instead of blocking on the lock, prterun trips glibc's
   check of it and aborts ("prterun: tpp.c:83: __pthread_tpp_change_priority: Assertion `...' failed.", exit
-  250), its ranks already ended and reaped (seen once in some forty jobs with a dead rank, two such jobs at a
-  time on 2 cores). The ranks' statuses went with prterun: the launcher exits 1, as after a stall whose
+  250), its ranks already ended and reaped (rarer than the stall, in jobs with a dead rank on a loaded
+  machine). The ranks' statuses went with prterun: the launcher exits 1, as after a stall whose
   ranks cannot be read, with a note.
+
+And a job must not outlive its launcher: mpirun dies with this process (ends_with), and this process stops the job
+when its own caller ends (waited); the ranks end when mpirun does (dsim.guard.end_with_launcher).
 
 Whoever runs mpirun goes through here: the tests (conftest.run_command), the benchmarks, the Makefile and
 the launch scripts (`python dsim/ft/launcher.py mpirun ARGS...`, which launch/watch.sh's dsim_watched runs;
