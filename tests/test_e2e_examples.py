@@ -46,7 +46,7 @@ def test_fault_recover_example(tmp_path):
     lenet = tmp_path / "lenet"
     names = [f"lenet-{e}_3" for e in range(2, 7)]
     assert sorted(p.name for p in lenet.iterdir()) == sorted(
-        [f"{n}.commit" for n in names] + [f"{n}.digests" for n in names] + ["lenet-graph.meta"]
+        [f"{n}.commit" for n in names] + [f"{n}.digests" for n in names] + ["lenet-graph.meta", ".dsim-lease"]
         + [f"rank_{r}" for r in range(8)])
     assert sorted(p.name for p in (lenet / "rank_0").iterdir()) == ["group_info.json"] + [f"{n}.h5" for n in names]
     verify = run_command([sys.executable, "-m", "dsim.inspect", str(lenet), "--verify"], tmp_path, 60, None)

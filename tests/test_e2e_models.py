@@ -48,7 +48,7 @@ def test_lenet5_fault_recovery_page(tmp_path):
     assert crash.returncode != 0 and "Some errors happen." in crash.stderr
     ckpt = job / "run" / "checkpoints"
     assert sorted(p.name for p in ckpt.iterdir() if p.is_file()) == sorted(
-        [f"lenet-{e}_2.{x}" for e in range(2, 7) for x in ("commit", "digests")] + ["lenet-graph.meta"])
+        [f"lenet-{e}_2.{x}" for e in range(2, 7) for x in ("commit", "digests")] + ["lenet-graph.meta", ".dsim-lease"])
     assert sorted(p.name for p in (ckpt / "rank_0").glob("*.h5")) == [f"lenet-{e}_2.h5" for e in range(2, 7)]
     p = load_checkpoint(ckpt / "rank_0" / "lenet-6_2.h5")
     assert (int(p["epoch_num"]), int(p["step_num"]), float(p["lr"]), float(p["momentum"])) == (6, 12, 0.01, 0.9)
