@@ -42,8 +42,8 @@ def test_seed_scenario_fault_at_epoch_6_then_resume_is_bit_identical(tmp_path):
     assert crash.returncode != 0 and "Some errors happen." in crash.stderr
     ckpt = dir_ / "run" / "checkpoints"
     files, shards = listing(ckpt)
-    assert files == sorted(["network-graph.meta"] + [f"network-{e}_3.{x}" for e in (2, 3, 4, 5, 6)
-                                                     for x in ("commit", "digests")])
+    assert files == sorted([".dsim-lease", "network-graph.meta"] + [f"network-{e}_3.{x}" for e in (2, 3, 4, 5, 6)
+                                                                    for x in ("commit", "digests")])
     assert shards == ["group_info.json"] + [f"network-{e}_3.h5" for e in (2, 3, 4, 5, 6)]
     p = load_checkpoint(ckpt / "rank_3" / "network-6_3.h5")  # the seed reads these back
     assert int(p["epoch_num"]) == 6 and int(p["step_num"]) == 18
