@@ -31,7 +31,8 @@ def pytest_configure(config):
 def pytest_ignore_collect(collection_path, config):
     # Under `mpirun pytest --with-mpi` only the MPI tests run: the end-to-end files (which launch mpirun
     # themselves) are not even imported by the 8 ranks.
-    if config.getoption("with_mpi", default=False) and collection_path.name.startswith("test_e2e_"):
+    if config.getoption("with_mpi", default=False) and (collection_path.name == "e2e" or
+                                                        collection_path.name.startswith("test_e2e_")):
         return True
     return None
 
@@ -197,7 +198,7 @@ def ft_reference(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def recovery_reference(tmp_path_factory):
-    """The uninterrupted run of the job tests/test_e2e_recovery.py and tests/test_e2e_integrity.py damage (the same
+    """The uninterrupted run of the job tests/e2e/test_e2e_recovery.py and tests/e2e/test_e2e_integrity.py damage (the same
     RUN), made once for both: (loss lines, job directory; its checkpoints of steps 7, 14, 21, 28, 30)."""
     from test_e2e_recovery import LOSS, RUN
     d, proc = made_once(tmp_path_factory, "recovery-reference", 8, RUN, check=0)

@@ -150,7 +150,7 @@ def test_a_due_entry_waits_for_its_point_and_time(tmp_path):
 
 
 def test_in_a_repair_only_a_due_failure_that_stops_a_process_strikes(tmp_path):
-    # (a kill, corrupt, hang or stuck one: tests/test_e2e_inprocess.py kills a rank so, in a real repair)
+    # (a kill, corrupt, hang or stuck one: tests/e2e/test_e2e_inprocess.py kills a rank so, in a real repair)
     path = failures.write_plan(tmp_path / "plan.json", [failures.Failure(0, 0, "uce", "forward"),
                                                         failures.Failure(0, 0, "sdc", "update"),
                                                         failures.Failure(0, 0, "slow", "forward"),

@@ -17,7 +17,7 @@ from dsim.ft.last_gasp import plan
 from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper
 from dsim.parallel.layout import ParallelLayout
 
-LAUNCHER = Path(__file__).resolve().parents[1] / "dsim" / "ft" / "launcher.py"  # run as the launch scripts run it
+LAUNCHER = Path(__file__).resolve().parents[2] / "dsim" / "ft" / "launcher.py"  # run as the launch scripts run it
 
 DP2MP4 = replica_sets(ParallelLayout(2, 4, 1))  # [[0, 4], [1, 5], [2, 6], [3, 7]]
 

@@ -1,6 +1,6 @@
 """Group sums through shared memory (dsim.parallel.shared) over real ranks: the same bits as the MPI path.
 
-    mpirun -n 8 python -m mpi4py -m pytest --with-mpi -m mpi tests/test_shared_mpi.py
+    mpirun -n 8 python -m mpi4py -m pytest --with-mpi -m mpi tests/mpi/test_shared_mpi.py
 """
 import numpy as np
 import pytest

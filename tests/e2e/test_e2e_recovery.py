@@ -146,7 +146,7 @@ def test_no_replica_falls_back_to_the_previous_checkpoint(no_replica, tmp_path):
 
 
 def test_no_usable_checkpoint_is_one_clear_line(no_replica, tmp_path):
-    """(A checkpoint of another layout is resharded on load: tests/test_e2e_reshard.py.)"""
+    """(A checkpoint of another layout is resharded on load: tests/e2e/test_e2e_reshard.py.)"""
     shutil.copytree(no_replica[1] / "run", tmp_path / "run")
     ckpt = tmp_path / "run" / "checkpoints"
     for name in ("network-1_7", "network-2_4", "network-2_10"):
