@@ -50,8 +50,9 @@ once, on that rank (modulo the ranks training, which an elastic shrink lowers), 
 at or after `time` (Unix seconds; 0 if left out), or, for kill, corrupt, hang and stuck, at a point of a repair in
 the job its survivor reaches first (refill or exchange: see repair_at), and, with `step: N`, in global step N or later (a plan
 written by hand: {"faults": [{"rank": 1, "kind": "sdc", "at": "forward", "step": 9}, ...]}); `corrupt` kills here (the campaign damages the rank's file on disk); `node`
-(with `node_size: n`) is a lost server: every rank of the victim's node (n consecutive ranks of those training,
-ranks 0..n-1 the first node) dies at that moment, the victim SIGKILLing the others, then itself; `slow` (with
+(with `node_size: n`) is a lost server: every rank of the victim's node (on more than one host, the ranks on the
+victim's host, as MPI found them: dsim.parallel.hosts; else n consecutive ranks of those training, ranks 0..n-1 the
+first node) dies at that moment, the victim SIGKILLing the others, then itself; `slow` (with
 `slowdown: s`, default 4) makes the rank compute s times slower for the rest of its process's life. For that, each
 process records its pid as its rank's in <plan>.ranks/ when it loads the plan. A fired entry is marked by a
 file created exclusively in <plan>.fired/, so a restarted job, a warm spare or a spawned replacement that takes
@@ -442,7 +443,8 @@ class FaultPlan:
             where = (f"during a repair in the job, {REPAIR_POINTS[point]} (training to go on after step "
                      f"{global_step - 1}; fault plan entry {i})" if repair else
                      f"during the {point} of step {global_step} (fault plan entry {i})")
-            node = (node_of(self.rank, f["node_size"], self.world_size or self.rank + 1)
+            hosts = getattr(getattr(getattr(injector, "model", None), "groups", None), "hosts", None)
+            node = (node_of(self.rank, f["node_size"], self.world_size or self.rank + 1, hosts)
                     if f["kind"] == "node" else None)
             event("fault", any_rank=True, kind=f["kind"], rank=self.rank, where=where, at=point,
                   global_step=global_step, plan_index=i, **({"ranks": node} if node else {}))
@@ -466,16 +468,29 @@ class FaultPlan:
                 slow_down(self.rank, float(f.get("slowdown", 4.0)), where)
                 return
             if node:
-                say(f"dsim: fault: node failure: ranks {node[0]}-{node[-1]} die together {where}")
+                on = f" (host {hosts.names[self.rank]})" if on_hosts(hosts, self.world_size) else ""
+                ranks = (f"{node[0]}-{node[-1]}" if node == list(range(node[0], node[-1] + 1)) else
+                         ",".join(map(str, node)))
+                say(f"dsim: fault: node failure: ranks {ranks}{on} die together {where}")
                 kill_registered(self.path, [r for r in node if r != self.rank], self.world_size)
             kill(f"dsim: fault: killing rank {self.rank} (SIGKILL) {where}"
                  + (" (its newest shard on disk is damaged too)" if f["kind"] == "corrupt" else ""))
 
 
-def node_of(rank: int, node_size: int, world_size: int) -> list[int]:
-    """The ranks of rank's node: node_size consecutive ranks (0..n-1 the first node) of the world_size training."""
+def node_of(rank: int, node_size: int, world_size: int, hosts=None) -> list[int]:
+    """The ranks of rank's node. On real hosts (hosts: the training world's dsim.parallel.hosts.Hosts, more than one
+    host), the ranks on rank's host: the processes a lost server takes with it, all local to the victim, so its
+    SIGKILL reaches them on any cluster. Else node_size consecutive ranks (0..n-1 the first node) of the world_size
+    training: a node of one machine, as a campaign models it."""
+    if on_hosts(hosts, world_size):
+        return hosts.ranks(hosts.names[rank])
     first = rank // node_size * node_size
     return list(range(first, min(first + node_size, world_size)))
+
+
+def on_hosts(hosts, world_size) -> bool:
+    """Whether the training world of world_size ranks runs on more than one host (its Hosts, or None: unknown)."""
+    return hosts is not None and len(hosts.names) == world_size and len(hosts.distinct) > 1
 
 
 def registry(plan) -> Path:

@@ -3,7 +3,7 @@
     $ python -m dsim.inspect runs/default                     # every checkpoint directory under it
     $ python -m dsim.inspect runs/default --verify            # checksums and coverage; exit 0 only when clean
     $ python -m dsim.inspect runs/default --json              # the same, for scripts
-    $ python -m dsim.inspect --survivability runs/default     # which rank failures leave a full copy
+    $ python -m dsim.inspect --survivability runs/default     # which rank (and host) failures leave a full copy
     $ python -m dsim.inspect --survivability --layout dp=2,mp=4,k=1
     $ python -m dsim.inspect --survivability --layout pp=2,dp=2,mp=2 --ranks-per-node 4   # a lost node
     $ python -m dsim.inspect --merge runs/default/checkpoints/network-6_10 -o full.h5
@@ -22,12 +22,13 @@ import json
 import sys
 from pathlib import Path
 
-from .checkpoint.catalog import (CheckpointDir, ShardIndex, find_checkpoint_dirs, group_sets, is_checkpoint_dir, scan,
-                                 tensor_holder_sets)
+from .checkpoint.catalog import (CheckpointDir, ShardIndex, find_checkpoint_dirs, group_sets, is_checkpoint_dir,
+                                 record_holder_sets, scan, tensor_holder_sets)
 from .checkpoint.errors import CheckpointError
 from .checkpoint.group_info import group_info_list
 from .checkpoint.merge import merge
-from .checkpoint.survivability import parse_layout, survivability
+from .checkpoint.record import hosts_of
+from .checkpoint.survivability import parse_layout, ranks_by_host, ranks_text, survivability
 from .checkpoint.verify import indexes_of, verify
 from .parallel.layout import LayoutError, ParallelLayout
 
@@ -141,8 +142,11 @@ def describe_dir(catalog: CheckpointDir, verify_it: bool) -> dict:
                             for s in c.shards],
                  "replica_sets": group_sets(indexes, c) if c.committed else [],
                  "stages": _stages(rec)}
+        host_of = hosts_of(c.record)
+        entry["hosts"] = ranks_by_host(host_of) if host_of else None
         for shard in entry["shards"]:
             shard["stage"] = _stage_of(rec.get("layout"), shard["rank"])
+            shard["host"] = host_of[shard["rank"]] if host_of and shard["rank"] < len(host_of) else None
         if verify_it and c.committed:
             entry["verify"] = verify(c).to_dict()
         if c.committed:
@@ -257,6 +261,10 @@ def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
     if d["replica_sets"]:
         print(f"  replica sets (group info): {_sets(d['replica_sets'])}")
     newest = committed[-1] if committed else None
+    if newest and newest["hosts"] and len(newest["hosts"]) > 1:
+        print(f"  hosts: {_hosts_text(newest['hosts'])}")
+        if d["replica_sets"]:
+            print(f"  replica sets by host: {_sets_on_hosts(d['replica_sets'], newest['hosts'])}")
     for stage, first, last, names in (newest or {}).get("stages", []):
         layers = list(dict.fromkeys(_layer_of(n) for n in names))
         shown = ", ".join(layers[:6]) + (f", … ({len(layers)} layers)" if len(layers) > 6 else "")
@@ -269,6 +277,7 @@ def print_dir(d: dict, all_shards: bool, verified: bool) -> None:
         for s in e["shards"]:
             extra = f"group info {s['group_info']}" if s["group_info"] is not None else (s["error"] or "")
             extra = (f"stage {s['stage']}  " if s.get("stage") is not None else "") + extra
+            extra += f"  host {s['host']}" if s.get("host") and len(e["hosts"] or ()) > 1 else ""
             print(f"    rank {s['rank']:<3} {s['file']:<{w}}  {_size(s['size']):>10}  {extra}".rstrip())
     if verified:
         for e in entries:
@@ -298,6 +307,20 @@ def _str(x) -> str:
     return "?" if x is None else str(x)
 
 
+def _hosts_text(hosts: dict, show: int = 8) -> str:
+    """node1 (ranks 0-3), node2 (ranks 4-7)"""
+    text = ", ".join(f"{h} (ranks {ranks_text(r)})" for h, r in list(hosts.items())[:show])
+    return text + (f", … ({len(hosts)} hosts)" if len(hosts) > show else "")
+
+
+def _sets_on_hosts(sets, hosts: dict, show: int = 8) -> str:
+    """{0,4}: node1, node2; {1,5}: node1, node2 (the host of each rank of each replica set, in rank order)"""
+    host_of = {r: h for h, ranks in hosts.items() for r in ranks}
+    text = "; ".join("{" + ",".join(map(str, s)) + "}: " + ", ".join(host_of.get(r, "?") for r in s)
+                     for s in sets[:show])
+    return text + (f"; … ({len(sets)} sets)" if len(sets) > show else "")
+
+
 # -- survivability ----------------------------------------------------------------------------------------
 def do_survivability(args) -> int:
     if bool(args.dir) == bool(args.layout):
@@ -306,7 +329,7 @@ def do_survivability(args) -> int:
     if args.layout:
         layout = parse_layout(args.layout)
         from .checkpoint.group_info import replica_sets
-        reports.append((f"layout {_layout(layout.to_dict())}", replica_sets(layout), layout.world_size, {}))
+        reports.append((f"layout {_layout(layout.to_dict())}", replica_sets(layout), layout.world_size, {}, None))
     else:
         for catalog in checkpoint_dirs(args.dir):
             if not catalog.committed:
@@ -316,17 +339,20 @@ def do_survivability(args) -> int:
             sets = group_sets(indexes, c)
             if sets:
                 reports.append((f"{c.directory / c.name}", sets, int(c.record.get("world_size") or 0) or None,
-                                tensor_holder_sets(indexes)))
+                                record_holder_sets(c.record) or tensor_holder_sets(indexes), hosts_of(c.record)))
         if not reports:
             raise UsageError(f"no committed checkpoint with group info in {args.dir}")
     out = []
-    for title, sets, n, tensors in reports:
+    for title, sets, n, tensors, host_of in reports:
+        host_of = host_of if host_of and len(set(host_of)) > 1 else None   # one host: nothing to say of hosts
         # a piece of state is lost when every rank holding it fails: the replica sets, and each tensor's holders
         s = survivability(list(sets) + [h for holders in tensors.values() for h in holders], world_size=n)
         out.append({"source": title, "replica_sets": sets, **s.to_dict(), "description": s.lines(),
                     "tensor_holders": tensors})
         if args.ranks_per_node:
             out[-1].update(ranks_per_node=args.ranks_per_node, nodes=s.nodes(args.ranks_per_node))
+        if host_of:
+            out[-1].update(hosts=ranks_by_host(host_of), host_loss=s.hosts(host_of))
         if not args.json:
             print(f"{title}: {s.world_size} ranks, replica sets (group info) {_sets(sets)}")
             print("  simultaneous failures that leave a complete copy of the state:")
@@ -337,6 +363,13 @@ def do_survivability(args) -> int:
             if args.ranks_per_node:
                 print(f"  a lost node ({args.ranks_per_node} consecutive ranks, every one failing at once):")
                 for line in s.node_lines(args.ranks_per_node):
+                    print(f"    {line}")
+            if host_of:
+                hosts = ranks_by_host(host_of)
+                print(f"  hosts (the commit record's): {_hosts_text(hosts)}")
+                print(f"  replica sets by host: {_sets_on_hosts(sets, hosts)}")
+                print("  a lost host (every rank on it failing at once):")
+                for line in s.host_lines(host_of, tensors):
                     print(f"    {line}")
             if tensors:
                 print("  holders per tensor (a slice is lost only when every rank holding it fails):")

@@ -42,9 +42,9 @@ def parse_args(argv=None):
 
 
 def describe(run) -> str:
-    """One header line: ranks, layout, model, optimizer, schedule of the run."""
+    """One header line: ranks (on how many hosts, when more than one), layout, model, optimizer, schedule of the run."""
     cfg, layout, p = run.cfg, run.groups.layout, run.cfg.parallel
-    return (f"dsim: {run.groups.world.size} ranks, data_parallel={layout.data_parallel} "
+    return (f"dsim: {run.groups.hosts.describe()}, data_parallel={layout.data_parallel} "
             f"model_parallel={layout.model_parallel} optimizer_shard={layout.optimizer_shard}"
             + (f" pipeline_stage={layout.pipeline_stage}" if layout.pipeline_stage > 1 else "")
             + (f" micro_batch_num={p.micro_batch_num} ({p.pipeline_schedule})" if run.model.pipeline else "")
@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     from .checkpoint import lease
     from .checkpoint.recovery import resume
     from .checkpoint.saver import check_writable
+    from .checkpoint.survivability import host_warning
     from .build import FACTORY
     from .ft import spares, ulfm
     from .ft.inprocess import join_spawned, take_place
@@ -98,6 +99,9 @@ def main(argv=None) -> int:
         check_fault_steps(cfg, run.loader.get_dataset_size())
         if world.rank == 0:
             print(describe(run), flush=True)
+            lost = host_warning(run.groups.layout, run.network.specs, run.groups.hosts.names)
+            if lost:
+                print(lost, file=sys.stderr, flush=True)
             why = ulfm.unavailable_reason()
             if cfg.tft.ttp and why:
                 print(f"dsim: warning: the last-gasp checkpoint (TTP) is unavailable: {why}; "

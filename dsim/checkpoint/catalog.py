@@ -17,7 +17,7 @@ from typing import Optional
 
 import h5py
 
-from . import commit as cm, record as rec
+from . import commit as cm, progression, record as rec
 from .format import FORMAT, JSON_ATTRS, META_ATTR, _plain, check_meta, content_digest
 from .group_info import group_info_list, replica_sets
 from .errors import CheckpointError
@@ -246,3 +246,18 @@ def tensor_holder_sets(indexes: dict) -> dict:
         for key, (_, piece, _, _, _) in ix.tensors.items():
             where.setdefault(key.split("/", 1)[1], {}).setdefault(piece, []).append(rank)
     return {name: sorted(sorted(ranks) for ranks in pieces.values()) for name, pieces in sorted(where.items())}
+
+
+def record_holder_sets(record: dict) -> dict:
+    """From a commit record's `slices` alone (format 2): tensor name -> the sets of ranks holding identical slices of
+    it, as tensor_holder_sets gives from the files; {} for a record without them. Needs no file: on node-local disks
+    one host's directory holds its own ranks' files only, and the record still names every holder."""
+    where = {}
+    try:
+        for entry in record.get("slices") or []:
+            ranks = progression.members(progression.set_from_json(entry["holders"], "holders"))
+            where.setdefault(str(entry["tensor"]).split("/", 1)[1], []).append(ranks)
+    except (CheckpointError, KeyError, TypeError, IndexError, AttributeError):
+        return {}
+    return {name: sorted(sets) for name, sets in sorted(where.items())}
+

@@ -134,9 +134,11 @@ def slices_json(plan: SavePlan, integrated_save: bool = False) -> list:
 
 
 def commit_record(name: str, prefix: str, plan: SavePlan, epoch: int, step_in_epoch: int, global_step: int,
-                  sequence: int, integrated_save: bool = False, time: float = 0.0, nbytes: int = 0) -> dict:
+                  sequence: int, integrated_save: bool = False, time: float = 0.0, nbytes: int = 0,
+                  host_of=None) -> dict:
     """The `<name>.commit` record as the saver builds it (record.py), before commit.write_commit adds the pin
-    of its digest file. nbytes: the total size of the files. O(distinct slices): no entry per rank."""
+    of its digest file. nbytes: the total size of the files; host_of: each rank's host (dsim.parallel.hosts), kept
+    as host -> progressions. O(distinct slices and hosts): no entry per rank."""
     layout = plan.layout
     world = layout.world_size
     files = ({"template": f"{name}.h5", "ranks": [progression.to_json(range(0, 1))]} if integrated_save else
@@ -144,4 +146,5 @@ def commit_record(name: str, prefix: str, plan: SavePlan, epoch: int, step_in_ep
     return {"format": rec.FORMAT, "name": name, "prefix": prefix, "epoch": epoch, "step_in_epoch": step_in_epoch,
             "global_step": global_step, "sequence": sequence, "time": time, "world_size": world,
             "layout": layout.to_dict(), "integrated_save": integrated_save, "files": files, "bytes": nbytes,
-            "replica_sets": replica_sets_json(layout), "slices": slices_json(plan, integrated_save)}
+            "replica_sets": replica_sets_json(layout), "slices": slices_json(plan, integrated_save),
+            **({"hosts": rec.hosts_json(host_of, layout.model_parallel * layout.optimizer_shard)} if host_of else {})}

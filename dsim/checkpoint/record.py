@@ -13,6 +13,10 @@ Format `dsim-commit/2`, one JSON document (one key per line, one slice per line)
                   holders being the ranks whose file holds that slice
     digests       {"file": "<name>.digests", "sha256": ...}: where the per-file digests are, and the SHA-256
                   of that file's bytes
+    hosts         {host: [progressions]}: the ranks on each host as MPI found them (dsim.parallel.hosts), in the
+                  order of their first rank; one progression a host with `--map-by slot` (ranks 0-3, 4-7), one of
+                  step H with `--map-by node` over H hosts. Records written before it have none (a reshard writes
+                  none: no job ran it)
 
 A progression is {"start", "stop", "step"} as Python's range (progression.py). A layout's replica sets and
 slice holders are a few progressions each, so nothing above grows with the world size: 48 slices describe
@@ -125,6 +129,37 @@ def check_files(record: dict) -> None:
     world = record.get("world_size")
     if isinstance(world, int) and any(p[-1] >= world for p in ranks):
         raise CheckpointError(f"files.ranks {files.get('ranks')!r} names ranks beyond the world size {world}")
+
+
+# -- hosts ------------------------------------------------------------------------------------------------------
+def hosts_json(host_of, period: int = None) -> dict:
+    """The record's `hosts` from each rank's host (host_of[r]): host -> its ranks as the fewest progressions found."""
+    by_host = {}
+    for r, h in enumerate(host_of):
+        by_host.setdefault(str(h), []).append(r)
+    out = {}
+    for h, ranks in by_host.items():
+        ways = [progression.compress(ranks)] + ([progression.compress(ranks, period)] if period else [])
+        out[h] = progression.set_to_json(min(ways, key=len))
+    return out
+
+
+def hosts_of(record: dict):
+    """Each rank's host from a record's `hosts` (a list indexed by rank); None when the record has none (written
+    before, or by a reshard) or when it does not give every rank of the world exactly one host."""
+    hosts, world = record.get("hosts"), record.get("world_size")
+    if not isinstance(hosts, dict) or not hosts or not isinstance(world, int) or world < 1:
+        return None
+    out = [None] * world
+    try:
+        for h, ranks in hosts.items():
+            for r in progression.members(progression.set_from_json(ranks, "hosts")):
+                if r >= world or out[r] is not None:
+                    return None
+                out[r] = h
+    except CheckpointError:
+        return None
+    return out if None not in out else None
 
 
 # -- the digest file ----------------------------------------------------------------------------------------------

@@ -472,7 +472,7 @@ class ModelCheckpoint(Callback):
                 records = cm.committed(self.directory, self.records)
                 record = commit_record(name, self.prefix, self._plan(cb), p.epoch, p.step_in_epoch,
                                        p.step, max([r["sequence"] for r in records], default=0) + 1,
-                                       self.config.integrated_save, time.time())
+                                       self.config.integrated_save, time.time(), host_of=groups.hosts.names)
                 cm.write_commit(self.directory, record, {r: (w.size, w.digest) for r, (_, _, w) in enumerate(results)
                                                          if w})
             except OSError as e:

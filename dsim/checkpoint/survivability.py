@@ -21,7 +21,9 @@ from math import comb
 from typing import Iterable, Optional, Union
 
 from ..parallel.layout import ParallelLayout
+from . import progression
 from .group_info import replica_sets
+from .plan import save_plan
 
 ROWS = 6  # failure counts described beyond the always-survivable ones, by default
 
@@ -97,6 +99,32 @@ class Survivability:
                f"{_list_sets([tuple(s) for s in x['fatal_sets']], show)} is on it)" for x in lost[:show]]
         if len(lost) > show:
             out.append(f"and {len(lost) - show:,} more of the {len(nodes):,} nodes")
+        return out
+
+    def hosts(self, host_of) -> list[dict]:
+        """Each host (host_of[r]: rank r's, e.g. a commit record's hosts), its ranks, and the fatal sets wholly on
+        it: losing that host alone (its ranks failing at once) loses those pieces of state."""
+        lost = host_losses(self.fatal_sets, host_of)
+        return [{"host": h, "ranks": ranks, "fatal_sets": [list(s) for s in lost.get(h, [])]}
+                for h, ranks in ranks_by_host(host_of).items()]
+
+    def host_lines(self, host_of, tensors: dict = None, show: int = 4) -> list[str]:
+        """Whether each host's loss leaves a complete copy: one line for all when every host's does; else a line per
+        fatal host naming the sets wholly on it and (tensors: name -> holder sets) some tensors they hold."""
+        hosts = self.hosts(host_of)
+        lost = [x for x in hosts if x["fatal_sets"]]
+        if not lost:
+            return [f"any one of the {len(hosts)} hosts: survivable (every replica set keeps a rank on another host)"]
+        out = []
+        for x in lost[:show]:
+            sets = {tuple(s) for s in x["fatal_sets"]}
+            names = [n for n, holders in (tensors or {}).items() if any(tuple(sorted(h)) in sets for h in holders)]
+            names = [n for n in names if not n.startswith(("moment", "moments."))] or names
+            out.append(f"{x['host']} (ranks {ranks_text(x['ranks'])}): fatal (every rank of "
+                       f"{_list_sets([tuple(s) for s in x['fatal_sets']], show)} is on it"
+                       + (f": {', '.join(names[:3])}{', …' if len(names) > 3 else ''})" if names else ")"))
+        if len(lost) > show:
+            out.append(f"and {len(lost) - show:,} more of the {len(hosts):,} hosts")
         return out
 
     def summary(self) -> str:
@@ -175,6 +203,67 @@ def _survivor_counts(fatal: list, n: int, first: int, top: int) -> dict:
                    for j in range(min(count, (c - ranks) // m) + 1))
 
     return {c: terms(0, c, 0, 1, 1) for c in range(first, top + 1)}
+
+
+def ranks_by_host(host_of) -> dict:
+    """host -> its ranks ascending, hosts in the order of their first rank (host_of[r]: rank r's host)."""
+    out = {}
+    for r, h in enumerate(host_of):
+        out.setdefault(h, []).append(r)
+    return out
+
+
+def host_losses(sets, host_of) -> dict:
+    """host -> the sets of ranks (sorted tuples, in the order given) whose every rank is on that host: what losing
+    that host alone loses, when each set holds a piece of state. Sets of one rank count too."""
+    out = {}
+    for s in sets:
+        hosts = {host_of[r] for r in s}
+        if len(hosts) == 1:
+            out.setdefault(hosts.pop(), []).append(tuple(sorted(s)))
+    return out
+
+
+def single_host_slices(layout: ParallelLayout, specs, host_of) -> list[tuple]:
+    """(parameter, its holders, host) of every distinct slice of a parameter held by more than one rank, all on one
+    host: a replicated slice that losing that host loses (optimizer state is held as its parameter is). Slices held
+    by one rank only (no replica: optimizer_shard = data_parallel) are the save's own warning, not listed here."""
+    plan = save_plan(layout, specs)
+    out = []
+    for p in plan.slices:
+        ranks = progression.members(plan.holders(p))
+        if len(ranks) > 1 and len({host_of[r] for r in ranks}) == 1:
+            out.append((p.name, ranks, host_of[ranks[0]]))
+    return out
+
+
+def host_warning(layout: ParallelLayout, specs, host_of) -> Optional[str]:
+    """The one line rank 0 prints at start when every holder of some slice is on one host (None when none is, or
+    when the run is on one host): the first such slice's parameter and host, and how many more. None too for a
+    layout without replicas (optimizer_shard = data_parallel): any host's loss loses state, whatever the mapping,
+    and the save says that a lost shard cannot be repaired."""
+    if len(set(host_of)) < 2 or layout.optimizer_shard == layout.data_parallel:
+        return None
+    found = single_host_slices(layout, specs, host_of)
+    if not found:
+        return None
+    name, ranks, host = found[0]
+    more = f" (and {len(found) - 1} more slice(s) held on one host only)" if len(found) > 1 else ""
+    return (f"dsim: warning: every rank holding a slice of {name} ({{{','.join(map(str, ranks))}}}) is on host "
+            f"{host}: losing {host} loses it{more}; map ranks to hosts so that replicas sit on different hosts "
+            "(docs/cluster.md: which mapping)")
+
+
+def ranks_text(ranks) -> str:
+    """0-3, or 0,2,4,6 (runs of consecutive ranks as a-b), at most 8 parts shown."""
+    ranks, parts, i = sorted(ranks), [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]},{ranks[j]}" if j == i + 1 else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts[:8]) + (f",… ({len(ranks):,} ranks)" if len(parts) > 8 else "")
 
 
 def _brute_force_guard(n: int) -> None:

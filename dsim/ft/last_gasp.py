@@ -251,7 +251,7 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
             "integrated_save": False, "files": {str(r): file_name(r, epoch, in_epoch) for r in sorted(p.writers)},
             "last_gasp": {"failed": failed, "writers": {str(r): w for r, w in sorted(p.writers.items())},
                           **({"unverified": unverified} if unverified else {})},
-            "time": time.time()})
+            "time": time.time(), **_hosts(run.groups)})
     agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
@@ -261,6 +261,15 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
               directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed,
               **({"unverified": unverified} if unverified else {}))
     return out
+
+
+def _hosts(groups) -> dict:
+    """The record's `hosts`: where the job's ranks ran before the failure (record.py), when known."""
+    from ..checkpoint import record as rec
+    hosts = getattr(groups, "hosts", None)
+    if hosts is None or len(hosts.names) != groups.layout.world_size:
+        return {}
+    return {"hosts": rec.hosts_json(hosts.names)}
 
 
 def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import progress, shared
+from . import hosts, progress, shared
 from .chunks import chunk_bounds, sum_in_order
 from .layout import ParallelLayout
 
@@ -25,7 +25,7 @@ def _split(comm, ranks_of):
 
 
 class Groups:
-    """The world communicator of a run and its dp, mp and optimizer-shard groups."""
+    """The world communicator of a run, the host of each of its ranks, and its dp, mp and optimizer-shard groups."""
 
     def __init__(self, comm, layout: ParallelLayout):
         layout.check_world_size(comm.size)
@@ -33,10 +33,12 @@ class Groups:
         self.layout = layout
         self.rank = comm.rank
         self.coords = layout.coords(comm.rank)
+        self.hosts = hosts.discover(comm)   # each rank's host, from MPI's split of the world by node
         self.dp = _split(comm, layout.dp_group)
         self.mp = _split(comm, layout.mp_group)
         self.shard = _split(comm, layout.shard_group)
-        shared.attach(self.mp)   # the activations' sums, through shared memory where the group shares a node
+        # the activations' sums, through shared memory where the group shares a node
+        shared.attach(self.mp, self.hosts.together(layout.mp_group(comm.rank)))
 
     def shared_sums(self) -> list[str]:
         """The groups that sum through shared memory (dsim.parallel.shared), by name."""

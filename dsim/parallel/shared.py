@@ -62,16 +62,19 @@ def wanted() -> bool:
     return ulfm.unavailable_reason() is not None   # ULFM is off
 
 
-def attach(comm) -> "SharedGroup | None":
-    """Make comm a SharedGroup when its ranks share a node (collective over comm); None if not."""
-    if comm.size == 1 or not wanted():
+def attach(comm, together: bool = None) -> "SharedGroup | None":
+    """Make comm a SharedGroup when its ranks share a node; None if not. `together`: whether they do, known already
+    (Groups: from dsim.parallel.hosts, which split the world by node; the same answer on every rank of comm);
+    None: found here (collective over comm)."""
+    if comm.size == 1 or together is False or not wanted():
         return None
-    from mpi4py import MPI
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    together = node.size == comm.size
-    node.Free()
-    if not together:
-        return None
+    if together is None:
+        from mpi4py import MPI
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        together = node.size == comm.size
+        node.Free()
+        if not together:
+            return None
     group = SharedGroup(comm)
     comm.Set_attr(_key(), group)
     return group

@@ -1,8 +1,10 @@
 """End to end on real hosts, made on this machine by dsim.cluster (namespaces; issue 51): the default run on 2 hosts
 x 4 ranks gives the losses of 1 host x 8 bit for bit; shared-memory sums stay within a host (a model-parallel group
 split over hosts sums through MPI); with node-local checkpoints, one host's disk replaced by an empty one, the
-launch scripts' resume (HOSTFILE) takes that host's shards from replicas on the other and is bit-identical; and a
-cluster leaves nothing on the machine after a pass, a failure, a timeout, Ctrl-C, or its maker killed.
+launch scripts' resume (HOSTFILE) takes that host's shards from replicas on the other and is bit-identical; each
+rank's host comes from MPI: the header, the warning for replicas on one host, the commit record's hosts,
+`inspect --survivability`, a sequential hostfile's placement, a fault plan's node failure; and a cluster leaves
+nothing on the machine after a pass, a failure, a timeout, Ctrl-C, or its maker killed.
 
 Needs root and iproute2 (CI runs as root): skipped, with the reason, where namespaces cannot be made.
 """
@@ -84,16 +86,39 @@ def test_default_run_on_2_hosts_x_4_is_bit_identical_to_1_host_x_8(cluster, one_
     assert len(ref) == 8 and losses(tmp_path / "run") == ref
     # each model-parallel group (ranks 0-3, 4-7) on one host: its sums through that host's shared memory, as on one
     assert SHARED in header and SHARED in proc.stdout.splitlines()[0]
+    # the header names the hosts MPI found (the rest as on one host); each replica pair (r, r + 4) is on both: no warning
+    assert header.startswith("dsim: 8 ranks, data_parallel=2 ")
+    assert proc.stdout.splitlines()[0] == header.replace("dsim: 8 ranks, ", "dsim: 8 ranks on 2 hosts (4 + 4), ")
+    assert "every rank holding a slice" not in proc.stderr
 
 
 def test_a_model_parallel_group_split_over_hosts_sums_through_mpi(cluster, one_host, tmp_path):
     """Ranks round robin over the hosts: each model-parallel group has ranks on both, so its sums leave shared memory
-    (the header drops it) for MPI over TCP between the hosts; the same bits."""
+    (the header drops it) for MPI over TCP between the hosts; the same bits. And each replica pair (r, r + 4) is on one
+    host: rank 0 warns once at start, the commit record keeps the hosts, and `inspect --survivability` names the hosts
+    whose loss loses slices."""
     _, ref, _ = one_host
-    proc = on_cluster(cluster, 8, [*RUN, "--set", "checkpoint.enabled=false"], tmp_path, map_by="node")
+    proc = on_cluster(cluster, 8, RUN, tmp_path, map_by="node")
     assert hosts_of_ranks(tmp_path, 8) == ["node1", "node2"] * 4
     assert "sums in shared memory" not in proc.stdout
     assert losses(tmp_path / "run") == ref
+    assert proc.stdout.startswith("dsim: 8 ranks on 2 hosts (4 + 4), data_parallel=2 model_parallel=4 ")
+    warned = [line for line in proc.stderr.splitlines() if "every rank holding a slice" in line]
+    assert warned == ["dsim: warning: every rank holding a slice of layer1.param ({0,4}) is on host node1: losing node1 "
+                      "loses it (and 19 more slice(s) held on one host only); map ranks to hosts so that replicas sit "
+                      "on different hosts (docs/cluster.md: which mapping)"], proc.stderr
+
+    ckpt = tmp_path / "run" / "checkpoints"
+    record = json.loads((ckpt / "network-2_4.commit").read_text())
+    assert record["hosts"] == {"node1": [{"start": 0, "stop": 7, "step": 2}], "node2": [{"start": 1, "stop": 8, "step": 2}]}
+    inspect = [sys.executable, "-m", "dsim.inspect", "--survivability", str(ckpt)]
+    out = subprocess.run(inspect, capture_output=True, text=True, timeout=60, check=True, cwd=ROOT).stdout
+    assert "  hosts (the commit record's): node1 (ranks 0,2,4,6), node2 (ranks 1,3,5,7)\n" in out, out
+    assert "  replica sets by host: {0,4}: node1, node1; {1,5}: node2, node2; {2,6}: node1, node1; {3,7}: node2, node2\n" \
+        in out, out
+    assert ("    node1 (ranks 0,2,4,6): fatal (every rank of {0,4}, {2,6} is on it: layer1.param, layer2.weight, "
+            "layer3.bias, …)\n") in out, out
+    assert "    node2 (ranks 1,3,5,7): fatal (every rank of {1,5}, {3,7} is on it: " in out, out
 
 
 def tensors(path: Path) -> dict[str, np.ndarray]:
@@ -119,6 +144,12 @@ def test_node_local_checkpoints_one_disk_replaced_resume_bit_identical(cluster, 
     for host, ranks in ((1, range(0, 4)), (2, range(4, 8))):
         assert sorted(p.name for p in (cluster.disk(host) / "ckpt").glob("rank_*")) == [f"rank_{r}" for r in ranks]
     assert list((cluster.disk(1) / "ckpt").glob("*.commit"))  # rank 0's commit record, on host 1's disk only
+    # host 1's disk alone (ranks 0-3's files and the records) says where every replica is: either host may be lost
+    inspect = [sys.executable, "-m", "dsim.inspect", "--survivability", str(cluster.disk(1) / "ckpt")]
+    out = subprocess.run(inspect, capture_output=True, text=True, timeout=60, check=True, cwd=ROOT).stdout
+    assert "  replica sets by host: {0,4}: node1, node2; {1,5}: node1, node2; {2,6}: node1, node2; {3,7}: node1, node2\n" \
+        in out, out
+    assert "    any one of the 2 hosts: survivable (every replica set keeps a rank on another host)\n" in out, out
 
     new = cluster.replace_disk(2)
     assert list(new.iterdir()) == []
@@ -129,6 +160,50 @@ def test_node_local_checkpoints_one_disk_replaced_resume_bit_identical(cluster, 
         saved, = (cluster.disk(1 if r < 4 else 2) / "ckpt" / f"rank_{r}").glob("*-2_4.h5")
         want, got = tensors(ref / "run" / "checkpoints" / f"rank_{r}" / "network-2_4.h5"), tensors(saved)
         assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want), r
+
+
+def test_a_sequential_hostfile_puts_each_pipeline_stages_replicas_on_both_hosts(cluster, tmp_path):
+    """docs/cluster.md's way to any placement: a hostfile of a line a rank read with MAP_BY=seq, through the launch
+    script. pp2 x dp2 x mp2 with `slot` holds stage 0 (ranks 0-3) and both its replica pairs on node1 (the warning:
+    tests/unit/test_hosts.py); here each model-parallel pair shares a host and its replica is on the other: no warning,
+    and the checkpoint survives either host's loss."""
+    ranks = tmp_path / "ranks.txt"
+    ranks.write_text("node1\nnode1\nnode2\nnode2\nnode1\nnode1\nnode2\nnode2\n")
+    env = {**cluster.env(), "VIRTUAL_ENV": sys.prefix, "HOSTFILE": str(ranks), "MAP_BY": "seq"}
+    pipeline = ["--set", "parallel.pipeline_stage=2", "--set", "parallel.data_parallel=2", "--set",
+                "parallel.model_parallel=2", "--set", "parallel.micro_batch_num=2"]
+    cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, str(tmp_path / "ckpt"), *SMALL_ARGS,
+           "--set", "train.epochs=1", "--set", "output.dir=run", *pipeline]
+    proc = run_command(cluster.command(1, cmd, tmp_path), tmp_path, 150, 0, env)
+    assert f"--hostfile {ranks} --map-by seq" in proc.stderr
+    assert proc.stdout.startswith("dsim: 8 ranks on 2 hosts (4 + 4), data_parallel=2 model_parallel=2 optimizer_shard=1 "
+                                  "pipeline_stage=2 "), proc.stdout
+    assert "every rank holding a slice" not in proc.stderr, proc.stderr
+    record = json.loads((tmp_path / "ckpt" / "network-1_4.commit").read_text())
+    assert record["hosts"] == {"node1": [{"start": 0, "stop": 2, "step": 1}, {"start": 4, "stop": 6, "step": 1}],
+                               "node2": [{"start": 2, "stop": 4, "step": 1}, {"start": 6, "stop": 8, "step": 1}]}
+    inspect = [sys.executable, "-m", "dsim.inspect", "--survivability", str(tmp_path / "ckpt")]
+    out = subprocess.run(inspect, capture_output=True, text=True, timeout=60, check=True, cwd=ROOT).stdout
+    assert "  replica sets by host: {0,2}: node1, node2; {1,3}: node1, node2; {4,6}: node1, node2; {5,7}: node1, node2\n" \
+        in out, out
+    assert "    any one of the 2 hosts: survivable (every replica set keeps a rank on another host)\n" in out, out
+
+
+def test_a_node_failure_in_a_fault_plan_takes_the_victims_real_host(cluster, tmp_path):
+    """A fault plan's `node` failure on real hosts kills the ranks MPI found on the victim's host (node2: ranks 4-7),
+    not node_size consecutive ranks (2 here); the survivors on node1 hold a replica of every slice and commit the last
+    gasp, its record naming the hosts."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"faults": [{"rank": 5, "kind": "node", "node_size": 2, "at": "forward", "step": 3}]}))
+    env = {**cluster.env(), "VIRTUAL_ENV": sys.prefix, "DSIM_FAULT_PLAN": str(plan)}
+    cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, str(tmp_path / "ckpt"), *SMALL_ARGS,
+           "--set", "output.dir=run", "--set", "fault.kind=plan", "--set", "tft.ttp=true"]
+    proc = run_command(cluster.command(1, cmd, tmp_path), tmp_path, 150, 1, env)
+    assert "dsim: fault: node failure: ranks 4-7 (host node2) die together during the forward of step 3" in proc.stdout
+    assert "rank(s) 4, 5, 6, 7 failed; last-gasp checkpoint ttp-1_2 (global step 2) committed" in proc.stderr
+    record, = (tmp_path / "ckpt" / "ttp_checkpoints").glob("*/ttp-1_2.commit")
+    assert json.loads(record.read_text())["hosts"] == {"node1": [{"start": 0, "stop": 4, "step": 1}],
+                                                       "node2": [{"start": 4, "stop": 8, "step": 1}]}
 
 
 def test_a_sigterm_notice_to_the_launch_script_saves_on_both_hosts(cluster, tmp_path):
