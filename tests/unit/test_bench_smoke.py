@@ -1,5 +1,6 @@
 """The benchmarks run at toy size (seconds, no torch), and the save plan they time is what the saver writes."""
 import json
+import socket
 import sys
 
 import pytest
@@ -61,8 +62,10 @@ def test_plan_records_equal_what_the_saver_writes(tmp_path):
     assert json.loads((ckpt / "network-graph.meta").read_text()) == graph_meta("network", layout, specs, ("moments",))
     written = json.loads((ckpt / "network-1_2.commit").read_text())
     plan = save_plan(layout, specs, ("moments",))
+    host = socket.gethostname()  # every rank on this one host (dsim.parallel.hosts, from MPI itself)
     assert written == {**commit_record("network-1_2", "network", plan, 1, 2, 2, 1, time=written["time"],
-                                       nbytes=written["bytes"]), "digests": written["digests"]}
+                                       nbytes=written["bytes"], host_of=[host] * 8), "digests": written["digests"]}
+    assert written["hosts"] == {host: [{"start": 0, "stop": 8, "step": 1}]}
     assert written["files"] == {"template": "rank_{rank}/network-1_2.h5", "ranks": [{"start": 0, "stop": 8, "step": 1}]}
     assert written["digests"]["file"] == "network-1_2.digests"
     digests = json.loads((ckpt / "network-1_2.digests").read_text())
