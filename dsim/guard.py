@@ -48,14 +48,15 @@ def _format_warning(message, category, filename, lineno, line=None):
     return f"dsim: warning: {one_line(message, 500)}\n"
 
 
-def keep_traceback(r: int, text: str) -> Path:
-    """Write text to <run dir>/logs/rank_R.err (or, when that cannot be written, a temporary file)."""
+def keep_traceback(r: int, text: str, append: bool = False) -> Path:
+    """Write (or append) text to <run dir>/logs/rank_R.err (or, when that cannot be written, a temporary file)."""
     bases = ([Path(_run_dir) / "logs"] if _run_dir else []) + [Path(tempfile.gettempdir()) / "dsim-logs"]
     for base in bases:
         try:
             base.mkdir(parents=True, exist_ok=True)
             path = base / f"rank_{r}.err"
-            path.write_text(text)
+            with open(path, "a" if append else "w") as fh:
+                fh.write(text)
             return path
         except OSError:
             continue
@@ -117,14 +118,7 @@ def launcher_gone() -> None:
     if _launcher is None or os.getppid() == _launcher:
         return
     line = f"dsim: rank {rank()} (pid {os.getpid()}): its launcher (pid {_launcher}) is gone; ending\n"
-    for base in ([Path(_run_dir) / "logs"] if _run_dir else []) + [Path(tempfile.gettempdir()) / "dsim-logs"]:
-        try:
-            base.mkdir(parents=True, exist_ok=True)
-            with open(base / f"rank_{rank()}.err", "a") as fh:
-                fh.write(line)
-            break
-        except OSError:
-            continue
+    keep_traceback(rank(), line, append=True)  # its stderr went with the launcher: the line is in the run's log
     try:
         sys.stderr.write(line)
         sys.stderr.flush()

@@ -76,23 +76,6 @@ def take(directory, what: str = "") -> Lease:
     return Lease(directory, fd)
 
 
-def holder_of(directory):
-    """Who holds directory's lease now (dict), or None when nobody does (the file may name a job that ended)."""
-    path = Path(directory) / FILE
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _read(fd)
-        return None
-    finally:
-        os.close(fd)
-
-
 def describe(holder) -> str:
     if not holder:
         return "which one it has not yet written"

@@ -126,12 +126,16 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
     # 2. coverage of every tensor by the distinct slices of all ranks
     names = sorted({n for ix in good.values() for n in ix.tensors})
     v.tensors = len(names)
-    planned = planned_holders(record)
+    planned, malformed = planned_slices(record)
+    holders = {}  # tensor -> the rank sets holding its slices, from the record
+    for tensor, _, _, ranks in planned or ():
+        holders.setdefault(tensor, []).append(ranks)
     stages = checkpoint.layout()
     for name in names:
         held = {r: ix.tensors[name] for r, ix in good.items() if name in ix.tensors}
-        expected = planned.get(name) if planned is not None else stage_holders(stages, held, good)
-        lacking = sorted((expected or set()) & set(good) - set(held))
+        expected = ({r for r in good if any(progression.contains(h, r) for h in holders.get(name, ()))}
+                    if planned is not None else stage_holders(stages, held, good))
+        lacking = sorted(expected & set(good) - set(held))
         if lacking:
             v.problems.append(f"{name}: missing from the file(s) of rank(s) {_ranks(lacking)}")
         shapes = {t[0] for t in held.values()}
@@ -167,21 +171,20 @@ def verify(checkpoint: Checkpoint, checksums: bool = True) -> Verification:
             if differ:
                 v.problems.append(f"replica set {_set(group)}: ranks {members[0]} and {r} hold different "
                                   f"slices or data of {', '.join(differ[:3])}" + (" …" if len(differ) > 3 else ""))
-    v.problems += slice_problems(record, good)
+    if malformed or planned is not None:
+        v.problems += [malformed] if malformed else slice_problems(planned, good)
     return v
 
 
-def planned_holders(record: dict):
-    """tensor name -> the ranks whose file holds a slice of it, from the commit record's slices; None for a record
-    of the format before, which has none (or malformed ones: step 4 reports those)."""
-    out = {}
+def planned_slices(record: dict) -> tuple:
+    """([(tensor, offsets, extents, holders)] of the commit record's slices, or None for a record of the format before,
+    which has none; the one-line problem when they are malformed, else None)."""
     try:
-        for s in record["slices"]:
-            ranks = progression.members(progression.set_from_json(s["holders"], f"holders of {s['tensor']}"))
-            out.setdefault(s["tensor"], set()).update(ranks)
-    except (KeyError, TypeError, CheckpointError):
-        return None
-    return out
+        return [(s["tensor"], tuple(s["offsets"]), tuple(s["extents"]),
+                 progression.set_from_json(s["holders"], f"holders of {s['tensor']}")) for s in record["slices"]], None
+    except (KeyError, TypeError, CheckpointError) as e:
+        return None, (None if "slices" not in record else
+                      f"{record.get('name')}: the commit record's slices are malformed ({e})")
 
 
 def stage_holders(layout, held: dict, good: dict) -> set:
@@ -192,13 +195,9 @@ def stage_holders(layout, held: dict, good: dict) -> set:
     return {r for h in held for r in layout.stage_ranks(layout.coords(h).stage)}
 
 
-def slice_problems(record: dict, good: dict) -> list:
-    """Step 4: the files against the commit record's slices (records of the format before have none)."""
-    try:
-        planned = [(s["tensor"], tuple(s["offsets"]), tuple(s["extents"]),
-                    progression.set_from_json(s["holders"], f"holders of {s['tensor']}")) for s in record["slices"]]
-    except (KeyError, TypeError, CheckpointError) as e:
-        return [] if "slices" not in record else [f"{record.get('name')}: the commit record's slices are malformed ({e})"]
+def slice_problems(planned: list, good: dict) -> list:
+    """Step 4: the files against the commit record's slices (planned_slices; records of the format before have
+    none: nothing to check)."""
     out = []
     for r, ix in sorted(good.items()):
         want = {(t, o, e) for t, o, e, holders in planned if progression.contains(holders, r)}
