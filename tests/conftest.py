@@ -37,6 +37,18 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def assert_one_line_error(fn, *needles):
+    """fn() raises DatasetError whose message is one line containing every needle."""
+    from dsim.data import DatasetError
+    with pytest.raises(DatasetError) as info:
+        fn()
+    msg = str(info.value)
+    assert msg and "\n" not in msg, msg
+    for needle in needles:
+        assert str(needle) in msg, (needle, msg)
+    return msg
+
+
 def small_config(**overrides):
     """A fast float64 config (small widths, 20 steps) with dotted-key overrides."""
     from dsim.config import load_config

@@ -8,22 +8,13 @@ import os
 import numpy as np
 import pytest
 
-from dsim.data import (DatasetError, DistributedSampler, MnistDataset, SyntheticMNIST, create_dataset,
+from conftest import assert_one_line_error
+
+from dsim.data import (DistributedSampler, MnistDataset, SyntheticMNIST, create_dataset,
                        write_idx)
 from dsim.data.transforms import interpolation_matrix, resize_bilinear
 
 LOW, HIGH = (0 - 0.1307) / 0.3081, (1 - 0.1307) / 0.3081  # normalized black and white
-
-
-def assert_one_line_error(fn, *needles):
-    """fn() raises DatasetError whose message is one line containing every needle."""
-    with pytest.raises(DatasetError) as info:
-        fn()
-    msg = str(info.value)
-    assert msg and "\n" not in msg, msg
-    for needle in needles:
-        assert str(needle) in msg, (needle, msg)
-    return msg
 
 
 # ---- SyntheticMNIST ----

@@ -6,20 +6,11 @@ import time
 import numpy as np
 import pytest
 
-from dsim.data import (EOT, PAD, UNK, DatasetError, TextTranslation, ToyTranslation, create_dataset,
+from conftest import assert_one_line_error
+
+from dsim.data import (EOT, PAD, UNK, TextTranslation, ToyTranslation, create_dataset,
                        write_pairs)
 from dsim.data.factory import NAMES
-
-
-def assert_one_line_error(fn, *needles):
-    """fn() raises DatasetError whose message is one line containing every needle."""
-    with pytest.raises(DatasetError) as info:
-        fn()
-    msg = str(info.value)
-    assert msg and "\n" not in msg, msg
-    for needle in needles:
-        assert str(needle) in msg, (needle, msg)
-    return msg
 
 
 def assert_batch_layout(batch, n, src_len, tgt_len):
