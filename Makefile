@@ -11,7 +11,7 @@ TEST_TIMEOUT ?= 2700
 # waits (a campaign's budget, a launcher's start); 0 runs them one at a time
 E2E_WORKERS ?= 2
 
-.PHONY: venv bytecode train test test-serial test-mpi test-e2e bench docs docs-serve clean
+.PHONY: venv bytecode train test test-serial test-mpi test-e2e check check-mpi check-e2e bench docs docs-serve clean
 
 venv: $(VENV)/.installed
 
@@ -47,11 +47,25 @@ bytecode: venv
 test-serial: bytecode
 	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "not mpi and not e2e" -n auto  # pytest-xdist: a worker a core
 
+# only tests/mpi collected: 8 ranks importing tests/unit too cost 2.3 s more CPU (load 9), 41 s more wall at load 36
 test-mpi: bytecode
-	$(ENV) timeout $(TEST_TIMEOUT) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m mpi --color=no -p no:cacheprovider --durations=30 tests/mpi
 
+# --durations, --cpu-durations: where the time goes, in CI's log (the CPU one as well: on a loaded machine a test's
+# wall time grows with the load, its CPU much less; tests/conftest.py). Only tests/e2e collected, as tests/mpi for
+# the MPI stage: each worker importing the other stages' files too cost 1.5 s more CPU (load 35)
 test-e2e: bytecode
-	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e -n $(E2E_WORKERS)
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m e2e -n $(E2E_WORKERS) --durations=30 --cpu-durations=30 tests/e2e
+
+# The daily tier: every serial test, and the MPI and end-to-end tests tests/tiers.py names for each feature (its
+# cheapest covering ones: one layout, one fault point each); docs/testing.md says which covers what
+check: test-serial check-mpi check-e2e
+
+check-mpi: bytecode
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) dsim/ft/launcher.py $(MPIRUN) -n $(NP) $(PY) -m mpi4py -m pytest -q --with-mpi -m "mpi and check" --color=no -p no:cacheprovider tests/mpi
+
+check-e2e: bytecode
+	$(ENV) timeout $(TEST_TIMEOUT) $(PY) -m pytest -q -m "e2e and check" -n $(E2E_WORKERS) tests/e2e
 
 # Benchmarks (not tests): a table on stdout and bench/results/latest.json. BENCH_QUICK=1 for smaller sizes.
 # The optional `bench` extra (torch==2.13.0, CPU build) adds the torch.distributed.checkpoint column.

@@ -2,7 +2,7 @@
 
     $ make bench                      # full size (a 2 GiB sharded checkpoint on 8 ranks, ...)
     $ make bench BENCH_QUICK=1        # smaller sizes, a few minutes
-    $ python -m bench --size toy --no-dcp --out /tmp/toy.json   # seconds: the smoke test's run
+    $ python -m bench --size toy --no-dcp --no-torch --out /tmp/toy.json   # seconds: the smoke test's run
 
 Each suite is one module (see bench/harness.py for what it provides); SUITES lists them in order.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 from . import harness
 from .page_cache import drop_all_permitted
 
-SUITES = ["step", "save_load", "planning", "training", "recovery", "models", "pipeline"]  # modules of bench/, run in this order
+SUITES = ["step", "update", "save_load", "planning", "training", "recovery", "models", "seed_torch", "pipeline",
+          "cluster"]  # modules of bench/, run in this order
 DEFAULT_OUT = harness.ROOT / "bench" / "results" / "latest.json"
 
 
@@ -30,6 +31,7 @@ def parse_args(argv=None):
     ap.add_argument("--size", choices=["full", "quick", "toy"], default="full")
     ap.add_argument("--only", help=f"comma-separated suites out of {','.join(SUITES)}")
     ap.add_argument("--no-dcp", action="store_true", help="leave torch.distributed.checkpoint out")
+    ap.add_argument("--no-torch", action="store_true", help="leave torch out of every suite (dsim's figures alone)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON (default %(default)s)")
     ap.add_argument("--retable", type=Path, metavar="RESULTS",
                     help="measure nothing: rebuild the rows and table of a results file from its stored values")

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 GiB = 2 ** 30
+TORCH_LEFT_OUT = "not run (not installed: pip install -e '.[bench]'; or --no-torch): dsim alone, torch's figures skipped"
 
 
 def stats(values) -> dict:
@@ -43,6 +44,13 @@ def text_row(label, text) -> dict:
     return {"label": label, "text": text}
 
 
+def has_torch(opts=None) -> bool:
+    """Whether the suites that compare with torch run it beside dsim: it is installed (the `bench` extra) and
+    not left out (--no-torch)."""
+    from importlib.util import find_spec
+    return not getattr(opts, "no_torch", False) and find_spec("torch") is not None
+
+
 def launch_env() -> dict:
     """The environment launch/env.sh gives (Open MPI as root, oversubscribed, one BLAS thread per rank)."""
     out = subprocess.run(["bash", "-c", f". {ROOT}/launch/env.sh && env -0"], capture_output=True, check=True)
@@ -52,17 +60,19 @@ def launch_env() -> dict:
     return env
 
 
-def mpirun(n: int, module: str, args, timeout: float, log: Path) -> None:
-    """Run `mpirun -n N python -m module args` from the repository root; its output goes to log.
+def mpirun(n: int, module: str, args, timeout: float, log: Path, options=(), wrap=None, env=None) -> None:
+    """Run `mpirun [options] -n N python -m module args` from the repository root; its output goes to log.
 
     The job runs in its own process group, killed whole on timeout; a failure raises with the log's tail.
+    wrap(command) gives the command to run instead (bench.cluster: on a host of a cluster), env adds variables.
     """
-    cmd = [str(BIN / "mpirun"), "-n", str(n), sys.executable, "-m", module, *map(str, args)]
+    cmd = [str(BIN / "mpirun"), *options, "-n", str(n), sys.executable, "-m", module, *map(str, args)]
     cmd = [sys.executable, str(ROOT / "dsim" / "ft" / "launcher.py"), *cmd]  # a launcher that failed to start is started again
+    cmd = wrap(cmd) if wrap else cmd
     with open(log, "w") as out:
         out.write("+ " + " ".join(cmd) + "\n")
         out.flush()
-        with subprocess.Popen(cmd, cwd=ROOT, env=launch_env(), stdout=out, stderr=subprocess.STDOUT,
+        with subprocess.Popen(cmd, cwd=ROOT, env={**launch_env(), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True) as p:
             try:
                 rc = p.wait(timeout=timeout)

@@ -9,7 +9,8 @@ optimizer shard 8, it times what planning a sharded checkpoint takes, as dsim bu
   graph meta, commit  the records as written, for one checkpoint
 and sizes what a checkpoint carries: the commit record, the graph meta, the group info in every file. The
 digest file (one content digest and size per rank: O(world) by nature, see dsim/checkpoint/record.py) is
-timed and sized beside, not counted as planning: the committer writes it from the files' results.
+timed and sized beside, not counted as planning: the committer writes it from the files' results; so are the
+replica sets as lists of ranks (what a repair in the job and the last gasp plan with).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import statistics
 import time
 
 from dsim.checkpoint import record as rec
-from dsim.checkpoint.group_info import group_info_attr, replica_ranges
+from dsim.checkpoint.group_info import group_info_attr, replica_ranges, replica_sets
 from dsim.checkpoint.plan import commit_record, graph_meta, save_plan
 from dsim.nn import create_network
 from dsim.parallel.layout import ParallelLayout
@@ -63,13 +64,17 @@ def plan_once(layout: ParallelLayout, specs) -> dict:
     commit = rec.dumps(record)
     t["commit_record"] = time.perf_counter() - t0
     t["total"] = sum(t.values())
+    t0 = time.perf_counter()  # every replica set as a list of ranks (the repairs' and the last gasp's planning)
+    as_lists = replica_sets(layout)
+    lists_s = time.perf_counter() - t0
+    assert sum(map(len, as_lists)) == layout.world_size
     written = {r: (per_rank, f"{r:064x}") for r in range(layout.world_size)}  # what the ranks report
     t0 = time.perf_counter()
     digests = rec.dumps(rec.digest_table("network-1_60", layout.world_size, written))
     digest_s = time.perf_counter() - t0
     gi_file = json.dumps({"format": "dsim-group-info/2", "rank": 0, "group_info": mine,
                           "layout": layout.to_dict()}) + "\n"
-    return {"seconds": {**t, "digest_file": digest_s}, "sizes": {
+    return {"seconds": {**t, "digest_file": digest_s, "replica_sets_lists": lists_s}, "sizes": {
         "distinct_slices": len(plan.slices), "replica_sets": len(sets), "commit_record_bytes": len(commit),
         "commit_record_file_entries": len(record["files"]["ranks"]), "commit_record_slices": len(record["slices"]),
         "graph_meta_bytes": len(meta), "group_info_bytes_per_file": len(json.dumps(mine)),
@@ -131,6 +136,9 @@ def rows_of(params: dict, figures: dict) -> list:
     rows.append(row(f"digest file built (not planning), {largest:,} ranks", big["seconds"]["digest_file"], "s"))
     rows.append(row(f"planning without the commit record, {largest:,} ranks (dp{largest // 4} x mp4)",
                     [t - c for t, c in zip(big["seconds"]["total"], big["seconds"]["commit_record"])], "s"))
+    if "replica_sets_lists" in big["seconds"]:  # (results stored before it was timed have none)
+        rows.append(row(f"replica sets as lists of ranks (repairs, last gasp; not in the total), {largest:,} ranks",
+                        big["seconds"]["replica_sets_lists"], "s"))
     k8 = figures[f"mp8_k8/{largest}"]
     rows.append(row(f"planning, {largest:,} ranks (dp{largest // 8} x mp8, optimizer shard 8; "
                     f"{k8['sizes']['distinct_slices']} distinct slices, commit record "

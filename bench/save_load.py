@@ -20,7 +20,7 @@ TARGETS = {("save", "raw"): 0.95, ("save", "dcp"): 1.5, ("load", "raw"): 0.9, ("
 def run(params: dict, workdir, opts) -> dict:
     def args_in(d):
         return ["--total-bytes", params["total_bytes"], "--repeats", params["repeats"], "--model-parallel",
-                params["model_parallel"], "--dir", d / "files", *(["--no-dcp"] if opts.no_dcp else [])]
+                params["model_parallel"], "--dir", d / "files", *(["--no-dcp"] if opts.no_dcp or getattr(opts, "no_torch", False) else [])]
     return summarize(params, run_worker(NAME, "bench.save_load_ranks", params, workdir, opts, args_in))
 
 

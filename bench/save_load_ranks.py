@@ -35,7 +35,7 @@ from bench.page_cache import evict, resident_fraction
 from dsim.checkpoint import CheckpointConfig, ModelCheckpoint
 from dsim.checkpoint import commit as commit_module
 from dsim.checkpoint import loader as loader_module
-from dsim.checkpoint import saver as saver_module
+from dsim.checkpoint import save as save_module
 from dsim.checkpoint.loader import file_for, latest_committed, restore
 from dsim.checkpoint.plan import save_plan
 from dsim.checkpoint.saver import state_tensors
@@ -93,7 +93,7 @@ class Phases:
 
 
 PHASES = Phases()
-PHASES.wrap(saver_module, "write_file", "write_file")     # the saver calls format.write_file by this name
+PHASES.wrap(save_module, "write_file", "write_file")      # the save path calls format.write_file by this name
 PHASES.wrap(commit_module, "write_commit", "write_commit")
 PHASES.wrap(loader_module, "read_file", "read_file")        # load_checkpoint calls format.read_file by this name
 

@@ -3,10 +3,10 @@
     $ mpirun -n 4 python -m bench.step_ranks --set parallel.data_parallel=4 --set parallel.model_parallel=1 \\
           --steps 10 --repeats 3 --dir /tmp/b --out r.json
 
-Every repeat trains dsim (the default run's model, batch and optimizer; no checkpoints), then, on a pure
-data-parallel layout, the same model in torch (nn.Linear layers, the same widths, SGD with momentum;
-torch.set_num_threads(1) as every dsim rank has one BLAS thread; DistributedDataParallel on gloo over
-the same ranks when there are several). Time per step leaves out the first two steps (warm-up).
+Every repeat trains dsim (the default run's model, batch and optimizer; no checkpoints) and, on a pure
+data-parallel layout, the same model in torch (bench.torch_peers: nn.Linear layers, the same widths, SGD with
+momentum; torch.set_num_threads(1) as every dsim rank has one BLAS thread; DistributedDataParallel on gloo over
+the same ranks when there are several), in a rotating order (dsim first in the first repeat: its memory). Time per step leaves out the first two steps (warm-up).
 
 dsim's step is split, per rank, into
 - collectives: time inside MPI calls during the steps (the communicators are wrapped by a timer), and
@@ -27,11 +27,8 @@ at the end of training (RSS - PSS, from /proc/self/smaps_rollup; the shared page
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-import socket
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,21 +38,14 @@ from dsim.config import load_config
 from dsim.build import build_run
 from dsim.engine.callbacks import Callback
 from dsim.nn.layers import Dense
-from dsim.nn.network import ARCHITECTURES
 from dsim.parallel import shared
 from dsim.parallel.groups import allreduce_sum, sum_chunks
 
+from .ranks import (WARMUP, StepClock, free_port, median_time, per_step, rotated, side_by_side, timed_call,
+                    worker_parser)
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMED = {"Alltoallv", "Allgatherv", "Allgather", "Allreduce", "Alltoall", "allreduce", "allgather", "Bcast"}
-WARMUP = 2
-
-
-class StepClock(Callback):
-    def __init__(self):
-        self.ends = []
-
-    def step_end(self, run_context):
-        self.ends.append(time.perf_counter())
 
 
 class TimedComm:
@@ -69,26 +59,6 @@ class TimedComm:
         if name not in TIMED:
             return attr
         return timed_call(attr, self._clock)
-
-
-def timed_call(fn, clock: dict):
-    """fn, adding the time of every call to clock["s"]."""
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            clock["s"] += time.perf_counter() - t
-    return timed
-
-
-def median_time(fn, repeats=5) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def matmul_floor(network, local_batch: int) -> float:
@@ -154,13 +124,7 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     g.dp, g.mp, g.shard = (TimedComm(c, coll) for c in (g.dp, g.mp, g.shard))
     if mp_shared is not None:   # sums through shared memory are collectives too (their barriers go to the
         mp_shared.sum = timed_call(mp_shared.sum, coll)   # communicator itself, not through the timer)
-    apply = run.optimizer.apply
-
-    def timed_apply(*args, **kwargs):
-        t = time.perf_counter()
-        apply(*args, **kwargs)
-        upd["s"] += time.perf_counter() - t
-    run.optimizer.apply = timed_apply
+    run.optimizer.apply = timed_call(run.optimizer.apply, upd)
     counted = {}
 
     class Mark(Callback):  # collective and update time of the measured steps only
@@ -174,7 +138,7 @@ def dsim_once(comm, cfg, memory: bool) -> dict:
     comm.Barrier()
     ends = clock.ends
     steps = len(ends) - 1 - WARMUP
-    step_s = (ends[-1] - ends[WARMUP]) / steps
+    step_s = clock.step_s()
     coll_s = (coll["s"] - counted["start"]) / steps
     update_s = (upd["s"] - counted["update_start"]) / steps
     layout = g.layout
@@ -210,73 +174,21 @@ def bandwidth(run, g) -> dict:
     return out
 
 
-def side_by_side(world, calls: dict, repeats: int) -> dict:
-    """Median seconds of each call, made in turn (the order rotating each round), every rank of the job
-    starting each call together: every group does the same at the same time, on a shared machine too."""
-    names, times = list(calls), {name: [] for name in calls}
-    for i in range(repeats):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            world.Barrier()
-            t = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - t)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def torch_once(comm, cfg, steps: int, port: int) -> dict:
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dp = comm.size
-    if dp > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=dp)
-    torch.manual_seed(cfg.seed)
-    widths = [28 * 28, *(cfg.model.hidden or ARCHITECTURES[cfg.model.name]), 10]
-    layers = []
-    for i in range(len(widths) - 1):
-        layers.append(torch.nn.Linear(widths[i], widths[i + 1], bias=i > 0))  # layer1 is a MatMulCell: no bias
-        if i < len(widths) - 2:
-            layers.append(torch.nn.ReLU())
-    net = torch.nn.Sequential(*layers)
-    model = torch.nn.parallel.DistributedDataParallel(net) if dp > 1 else net
-    opt = torch.optim.SGD(net.parameters(), lr=cfg.optimizer.learning_rate, momentum=cfg.optimizer.momentum)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    local = cfg.data.batch_size // dp
-    x = torch.randn(local, widths[0])
-    y = torch.randint(0, 10, (local,))
-    comm.Barrier()
-    ends, updates = [], []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
-        t = time.perf_counter()
-        opt.step()
-        ends.append(time.perf_counter())
-        updates.append(ends[-1] - t)
-    comm.Barrier()
-    return {"step_s": (ends[-1] - ends[WARMUP]) / (len(ends) - 1 - WARMUP),
-            "update_s": sum(updates[WARMUP + 1:]) / (len(ends) - 1 - WARMUP)}  # the same steps
-
-
-def free_port(comm) -> int:
-    port = 0
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port)
+    from . import torch_peers
+    net = torch_peers.peer(cfg)
+    opt = torch_peers.optimizer(cfg, net.named_parameters())
+    local = cfg.data.batch_size // comm.size
+    rng = np.random.default_rng(cfg.seed)
+    batch = (rng.standard_normal((local, 28 * 28)).astype(cfg.dtype), rng.integers(0, 10, local))
+    t = torch_peers.train(comm, torch_peers.data_parallel(comm, net, port), opt, batch, steps)
+    return {"step_s": per_step(t["ends"]),   # and the update's time over the same steps
+            "update_s": sum(t["updates"][WARMUP + 1:]) / (steps - 1 - WARMUP)}
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m bench.step_ranks", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "default.yaml"))
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--torch", action="store_true", help="train the same model in torch beside dsim")
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    default = str(ROOT / "configs" / "default.yaml")
+    args = worker_parser("bench.step_ranks", __doc__, steps=10, config=default).parse_args(argv)
     comm = MPI.COMM_WORLD
     steps = args.steps
     cfg = load_config(args.config, [*args.overrides, "checkpoint.enabled=false", "train.epochs=1",
@@ -286,9 +198,9 @@ def main(argv=None):
     port = free_port(comm) if args.torch else 0
     repeats = []
     for rep in range(args.repeats):
-        out = {"dsim": dsim_once(comm, cfg, memory=rep == 0)}
-        if args.torch:
-            out["torch"] = torch_once(comm, cfg, steps, port)
+        out = {}
+        for name in rotated(["dsim", "torch"] if args.torch else ["dsim"], rep):  # dsim first in the first repeat
+            out[name] = dsim_once(comm, cfg, memory=rep == 0) if name == "dsim" else torch_once(comm, cfg, steps, port)
         per_rank = comm.gather(out)
         if comm.rank == 0:
             repeats.append({"ranks": per_rank})

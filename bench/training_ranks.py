@@ -10,7 +10,9 @@ or checkpoints disabled). A last callback stamps the end of every step on rank 0
 are left out, every save after the first step is in. --plan gives the steps of each variant: fewer for
 small k, whose per-step figure settles sooner, at least k for every k so that it saves every k steps;
 aK is every K steps with checkpoint.async_save, pK the same staged in the page cache
-(checkpoint.async_staging: page_cache). Per variant it also records how long each save held up its
+(checkpoint.async_staging: page_cache); t is the last gasp alone (tft.ttp) and cK the last gasp with peer copies
+every K steps (tft.peer_copy_every: K), neither saving: `--plan t=30,c2=30` gives the copies' cost beside their
+baseline, and the copies' own time in their step-end hook (snapshot, exchange, wait). Per variant it also records how long each save held up its
 step (ModelCheckpoint.stalls: a synchronous save's whole time, an async save's start), how long the update
 after an async save waited for its staging (Optimizer.held), and the peak
 resident memory of each rank (VmHWM, reset before the variant through /proc/self/clear_refs) beside the
@@ -53,12 +55,17 @@ class StepClock(Callback):
 
 def variants(plan: str):
     """[(label, k or None, steps, async staging or None)] from "none=100,1=20,a10=30,p10=30...": no checkpoints,
-    then every k steps (aK: async saves every K steps staged in memory; pK: staged in the page cache)."""
+    then every k steps (aK: async saves every K steps staged in memory; pK: staged in the page cache; t: the last
+    gasp alone, cK: with peer copies every K steps, both without checkpoints)."""
     out = []
     for item in plan.split(","):
         k, steps = item.split("=")
         if k == "none":
             out.append(("none", None, int(steps), None))
+        elif k == "t":
+            out.append(("ttp", None, int(steps), None))
+        elif k.startswith("c"):
+            out.append((f"peer copies k={int(k[1:])}", None, int(steps), None))
         elif k.startswith("a"):
             out.append((f"async k={int(k[1:])}", int(k[1:]), int(steps), "memory"))
         elif k.startswith("p"):
@@ -94,6 +101,15 @@ def state_bytes(run) -> int:
             + sum(arr.nbytes for _, _, arr in run.optimizer.state_items()))
 
 
+def tft_overrides(label: str) -> list:
+    """The last gasp (t) and peer copies (cK) of a variant's label."""
+    if label == "ttp":
+        return ["tft.ttp=true"]
+    if label.startswith("peer copies k="):
+        return ["tft.ttp=true", f"tft.peer_copy_every={label.split('=')[1]}"]
+    return []
+
+
 def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) -> dict:
     ckpt = ["checkpoint.enabled=false"] if k is None else [
         "checkpoint.enabled=true", f"checkpoint.save_checkpoint_steps={k}", "checkpoint.save_checkpoint_epochs=null",
@@ -101,7 +117,7 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) 
         f"checkpoint.async_staging={staging or 'memory'}"]
     cfg = load_config(config, [*overrides, "train.epochs=1", f"train.steps_per_epoch={steps}",
                                f"data.num_samples={steps * 32}", "data.batch_size=32", "output.progress_bar=false",
-                               f"output.loss_every={steps}", f"output.dir={d}", *ckpt])
+                               f"output.loss_every={steps}", f"output.dir={d}", *ckpt, *tft_overrides(label)])
     gc.collect()  # the previous variant's run (reference cycles) freed now, not inside this one's peak
     reset = reset_peak_rss()
     run = build_run(cfg, comm)
@@ -118,9 +134,13 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) 
     held = comm.allreduce(statistics.median(held) if held else 0.0, op=MPI.MAX)
     rss, state = comm.allgather(peak_rss()), comm.allgather(state_bytes(run))
     snapshot = comm.allgather(sum(c.snapshot.bytes() for c in savers))
+    copies = run.peer_copies
+    copy_s = comm.allreduce(copies.seconds / max(copies.steps, 1) if copies is not None else 0.0, op=MPI.MAX)
+    copy_bytes = comm.allgather(2 * copies.own[0].nbytes + 2 * copies.held[0].nbytes if copies is not None and
+                                copies.own[0] is not None else 0)
     run.groups.free()
     ends = clock.ends
-    return {"steps": len(ends), "saves": saves, "step_s": (clock.finished - ends[0]) / (len(ends) - 1),
+    return {"copy_s": copy_s, "copy_bytes": copy_bytes, "steps": len(ends), "saves": saves, "step_s": (clock.finished - ends[0]) / (len(ends) - 1),
             "stall_s": stall, "held_s": held, "peak_rss_bytes": rss, "state_bytes": state, "snapshot_bytes": snapshot,
             "peak_reset": reset}
 
@@ -152,7 +172,9 @@ def main(argv=None):
                 v = out["variants"][label]
                 print(f"repeat {rep + 1}/{args.repeats} {label}: {v['steps']} steps, {v['saves']} saves, "
                       f"{1000 * v['step_s']:.1f} ms/step, stall {1000 * v['stall_s']:.1f} ms, peak RSS "
-                      f"{max(v['peak_rss_bytes']) / 2**20:.0f} MiB", flush=True)
+                      f"{max(v['peak_rss_bytes']) / 2**20:.0f} MiB"
+                      + (f", copies {1000 * v['copy_s']:.2f} ms/step in their hook, {max(v['copy_bytes']) / 2**20:.1f} "
+                         "MiB of buffers per rank" if v["copy_s"] else ""), flush=True)
             comm.Barrier()
         repeats.append(out)
     if comm.rank == 0:

@@ -94,7 +94,7 @@ def standard_callbacks(run: Run, extra=()):
 
     The checkpoint callback runs first so a fault at the end of a step or epoch finds it saved.
     """
-    from .checkpoint import CheckpointConfig, ModelCheckpoint
+    from .checkpoint import ModelCheckpoint
     from .faults import FaultInjector
     cfg, out = run.cfg, run.cfg.output
     cbs, saver, sdc = [], None, None
@@ -104,9 +104,7 @@ def standard_callbacks(run: Run, extra=()):
         cbs.append(sdc)
     c = cfg.checkpoint
     if c.enabled:
-        config = CheckpointConfig(c.save_checkpoint_steps, c.save_checkpoint_epochs, c.keep_checkpoint_max,
-                                  c.integrated_save, c.append_info, c.async_save, c.async_staging)
-        saver = ModelCheckpoint(c.prefix, run.checkpoint_dir, config, c.group_info_file, c.on_save_error,
+        saver = ModelCheckpoint(c.prefix, run.checkpoint_dir, c.saver_config(), c.group_info_file, c.on_save_error,
                                 lease=run.lease)
         if sdc is not None:  # a checkpoint is saved only from replicas found identical
             saver.before_save.append(sdc.check)
@@ -121,6 +119,10 @@ def standard_callbacks(run: Run, extra=()):
     if t.hang_timeout or t.straggler_factor:
         from .ft.hang import HangWatch
         cbs.append(HangWatch(t.hang_timeout, out.dir, t.straggler_factor, t.straggler_evict, t.deadlock_timeout))
+    if t.peer_copy_every:  # each rank's state in another host's memory, for the last gasp
+        from .ft.peer_copy import PeerCopies
+        run.peer_copies = PeerCopies(run, t.peer_copy_every)
+        cbs.append(run.peer_copies)
     if c.save_on_signal:  # after the checkpoint (its end saves the step), before the metrics (its event)
         from .ft.preemption import StopOnSignal
         run.stop_on_signal = StopOnSignal(saver)

@@ -15,14 +15,12 @@ import traceback
 import warnings
 from pathlib import Path
 
-_run_dir = None
-_launcher = None  # the pid of this rank's launcher (its parent) once end_with_launcher watches it
+from .runtime import PROCESS  # (its run_dir and launcher: read by the last-resort handler and the launcher's watch)
 
 
 def set_run_dir(path) -> None:
     """Where the traceback of an internal error goes (<path>/logs/rank_R.err): the run's output directory."""
-    global _run_dir
-    _run_dir = path
+    PROCESS.run_dir = path
 
 
 def rank() -> int:
@@ -50,7 +48,8 @@ def _format_warning(message, category, filename, lineno, line=None):
 
 def keep_traceback(r: int, text: str, append: bool = False) -> Path:
     """Write (or append) text to <run dir>/logs/rank_R.err (or, when that cannot be written, a temporary file)."""
-    bases = ([Path(_run_dir) / "logs"] if _run_dir else []) + [Path(tempfile.gettempdir()) / "dsim-logs"]
+    run_dir = PROCESS.run_dir
+    bases = ([Path(run_dir) / "logs"] if run_dir else []) + [Path(tempfile.gettempdir()) / "dsim-logs"]
     for base in bases:
         try:
             base.mkdir(parents=True, exist_ok=True)
@@ -97,12 +96,11 @@ def end_with_launcher() -> None:
     mpirun ends normally its ranks have ended first; when it is killed (or dies with its host's daemon) this is
     how the ranks learn of it. dsim/ft/launcher.py ends mpirun when it is killed itself (PR_SET_PDEATHSIG).
     Does nothing outside mpirun (no PMIx rank in the environment) or when the watch already runs."""
-    global _launcher
-    if _launcher is not None or not any(os.environ.get(v) for v in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK")):
+    if PROCESS.launcher is not None or not any(os.environ.get(v) for v in ("PMIX_RANK", "OMPI_COMM_WORLD_RANK")):
         return
     import threading
     import time
-    parent = _launcher = os.getppid()
+    parent = PROCESS.launcher = os.getppid()
 
     def watch():
         while os.getppid() == parent:
@@ -115,9 +113,12 @@ def launcher_gone() -> None:
     """When this rank's launcher is gone (end_with_launcher): one line in the run's log (its stderr went with the
     launcher), and the process ends at once. Called too where an error may come of the launcher's going (its
     output's pipe broken), so that it is not taken for a bug. Returns while the launcher is there."""
-    if _launcher is None or os.getppid() == _launcher:
+    launcher = PROCESS.launcher
+    if launcher is None or os.getppid() == launcher:
         return
-    line = f"dsim: rank {rank()} (pid {os.getpid()}): its launcher (pid {_launcher}) is gone; ending\n"
+    if PROCESS.rescue is not None:  # a host's crash may be why: this rank's state to its disk first (dsim.ft.rescue)
+        PROCESS.rescue.launcher_gone()
+    line = f"dsim: rank {rank()} (pid {os.getpid()}): its launcher (pid {launcher}) is gone; ending\n"
     keep_traceback(rank(), line, append=True)  # its stderr went with the launcher: the line is in the run's log
     try:
         sys.stderr.write(line)

@@ -117,6 +117,9 @@ def main(argv=None) -> int:
             error = world.bcast(error, root=0)
             if error:
                 raise CheckpointError(error)
+        if args.resume == "auto" and not args.resume_from:  # what survivors wrote before a crash ended the job
+            from .ft.rescue import complete
+            complete(run)
         initial_epoch = resume(run, args.resume, args.repair, args.resume_from) if args.resume else 0
     except USER_ERRORS as e:
         if comm.rank == 0:
@@ -171,7 +174,7 @@ def train(run, step: int, joining=None) -> int:
         code = _train(run, step, joining)
     except Idle as idle:  # left over by an elastic shrink: out of training until the job ends
         from .ft import hang
-        hang.leave()
+        hang.leave(run.runtime)
         wait_idle(idle.comm)
         return 0
     if run.spares is not None:
@@ -183,14 +186,16 @@ def train(run, step: int, joining=None) -> int:
     if run.model.recovery is not None:
         run.model.recovery.release_idle()
     from .ft.spares import finish
-    return finish(code, run.groups.world if code == 0 else None)  # a job that spawned: no MPI_Finalize
+    return finish(code, run.groups.world if code == 0 else None, run.runtime)  # a job that spawned: no MPI_Finalize
 
 
 def _train(run, step: int, joining) -> int:
     from .checkpoint.saver import SaveError
     from .ft.sdc import SilentCorruption
+    from .ft.rescue import arm
     from .ft.tft import handle_process_failure, is_failure, leave
     cfg = run.cfg
+    arm(run)  # a job over several hosts with the last gasp: its state to disk even when a crash takes MPI's runtime
     try:
         run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
     except SilentCorruption as e:  # every rank found it together: rank 0 says it once; no last gasp

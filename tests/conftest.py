@@ -28,6 +28,101 @@ def pytest_configure(config):
                 config.pluginmanager.unregister(reporter)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="list the N tests that took the most CPU: the test process's own and its finished child "
+                          "processes' (mpirun and its ranks), setup and teardown included; 0 for every test. On a "
+                          "loaded machine a test's wall time grows with the load, its CPU much less")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # each phase's CPU (setup: the shared jobs a fixture made; call; teardown) on its report, for --cpu-durations
+    outcome = yield
+    if item.config.getoption("cpu_durations", default=None) is None:
+        return
+    import resource
+    now = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    before = item.stash.get(CPU_MARK, None)
+    item.stash[CPU_MARK] = now
+    if before is None and call.when != "setup":
+        return
+    outcome.get_result().user_properties.append(("cpu_s", round(now - before, 3) if before is not None else None))
+
+
+CPU_MARK = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.config.getoption("cpu_durations", default=None) is not None:
+        import resource
+        item.stash[CPU_MARK] = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF,
+                                                                                 resource.RUSAGE_CHILDREN)
+                                   for f in ("ru_utime", "ru_stime"))
+
+
+def pytest_runtest_logreport(report):
+    cpu = dict(report.user_properties).get("cpu_s")
+    if cpu is not None:
+        cpu_seen.setdefault(report.nodeid, [0.0, 0.0])
+        cpu_seen[report.nodeid][0] += cpu
+        cpu_seen[report.nodeid][1] += report.duration
+        if report.when == "teardown" and os.environ.get("DSIM_TEST_CPU_LOG") and \
+                not os.environ.get("PYTEST_XDIST_WORKER"):  # each test as it ends (a long run's figures so far)
+            with open(os.environ["DSIM_TEST_CPU_LOG"], "a") as log:
+                log.write(f"{cpu_seen[report.nodeid][0]:.2f} {cpu_seen[report.nodeid][1]:.2f} {report.nodeid}\n")
+
+
+cpu_seen: dict[str, list[float]] = {}  # nodeid -> [CPU seconds, wall seconds], for --cpu-durations
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    n = config.getoption("cpu_durations", default=None)
+    if n is None or not cpu_seen:
+        return
+    rows = sorted(cpu_seen.items(), key=lambda kv: -kv[1][0])
+    total_cpu, total_wall = sum(v[0] for v in cpu_seen.values()), sum(v[1] for v in cpu_seen.values())
+    terminalreporter.write_sep("=", f"slowest {n or len(rows)} CPU durations (all {len(rows)} tests: CPU "
+                                    f"{total_cpu:.0f} s, wall {total_wall:.0f} s)")
+    for nodeid, (cpu, wall) in rows[:n or None]:
+        terminalreporter.write_line(f"{cpu:8.2f}s CPU {wall:8.2f}s wall  {nodeid}")
+
+
+# The end-to-end stage's longest tests, started first: with two pytest-xdist workers the stage ends when its last
+# test does, and a long one dispatched last leaves the other worker idle for most of it. Seconds of wall time at
+# two workers (CI's 2-core VM, and --durations here), only to order by; an id without [parameters] takes every
+# parametrization. The tests of a module with a module-scoped cluster of hosts are not here (moved apart from the
+# rest of their module, each part would make its own cluster). Every other test keeps its collection order.
+LONG_FIRST = {
+    "tests/e2e/test_e2e_campaign.py::test_campaign_report_matches_the_jobs_metrics": 94,
+    "tests/e2e/test_e2e_node_faults.py::test_a_network_cut_stops_the_minority_and_nothing_of_it_is_committed": 86,
+    "tests/e2e/test_e2e_tools.py::test_readme_tutorial_runs_as_shown": 66,
+    "tests/e2e/test_e2e_bench.py::test_bench_runs_at_toy_size": 57,
+    "tests/e2e/test_e2e_campaign.py::test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job": 50,
+    "tests/e2e/test_e2e_node_faults.py::test_a_crashed_host_ends_the_job_non_zero_and_the_host_left_resumes_bit_identical": 45,
+    "tests/e2e/test_e2e_checkpoint.py::test_seed_scenario_fault_at_epoch_6_then_resume_is_bit_identical": 40,
+    "tests/e2e/test_e2e_campaign.py::test_a_slow_rank_is_found_by_the_straggler_watch_and_healed_in_the_job": 35,
+    "tests/e2e/test_e2e_examples.py::test_fault_recover_example": 30,
+    "tests/e2e/test_e2e_models.py::test_transformer_pipeline_uces_in_both_stages_are_repaired_in_place": 30,
+    "tests/e2e/test_e2e_examples.py::test_distributed_examples": 30,
+}
+
+
+def long_first(nodeid: str) -> float:
+    return LONG_FIRST.get(nodeid, LONG_FIRST.get(nodeid.split("[", 1)[0], 0))
+
+
+def pytest_collection_modifyitems(config, items):
+    # The daily tier (`make check`, tests/tiers.py): every serial test, and the MPI and end-to-end tests it names.
+    from tiers import in_check
+    for item in items:
+        if in_check(item.nodeid) or not any(m.name in ("mpi", "e2e") for m in item.iter_markers()):
+            item.add_marker(pytest.mark.check)
+    items.sort(key=lambda item: -long_first(item.nodeid))  # (stable: the others keep their order)
+
+
 def pytest_ignore_collect(collection_path, config):
     # Under `mpirun pytest --with-mpi` only the MPI tests run: the end-to-end files (which launch mpirun
     # themselves) are not even imported by the 8 ranks.
@@ -109,7 +204,11 @@ def after_failed_starts(err: str) -> str:
     """A job's stderr without what its launcher's failed starts left (dsim/ft/launcher.py starts mpirun again
     when no rank ran: Open MPI's message, then the launcher's note): the stderr of the start that ran."""
     notes = list(re.finditer(r"^dsim: note: mpirun failed to start .*\n", err, re.M))
-    return err[notes[-1].end():] if notes else err
+    if not notes:
+        return err
+    # but the launch scripts' echo of the command (`+ mpirun ...`, launch/common.sh), printed before the first start
+    before = err[:notes[-1].start()].splitlines(keepends=True)
+    return "".join(line for line in before if line.startswith("+ mpirun ")) + err[notes[-1].end():]
 
 
 def run_command(cmd, cwd, timeout, check, env=None):
@@ -170,6 +269,20 @@ def run_dir(tmp_path):
     return tmp_path
 
 
+def cluster_of(hosts: int, slots: int, tag: str):
+    """The body of a module-scoped fixture of a test cluster (dsim.cluster): `yield from cluster_of(2, 4, "ld")`.
+    Skipped, with the reason, where namespaces cannot be made; torn down after the module's tests whatever
+    happened, and checked to have left nothing. Its name: tag and this process's pid (each xdist worker its own)."""
+    from dsim.cluster import Cluster, leftovers, unavailable
+    why = unavailable()
+    if why:
+        pytest.skip(f"no cluster of namespaces here: {why}")
+    name = f"{tag}{os.getpid()}"
+    with Cluster(hosts=hosts, slots=slots, name=name) as c:
+        yield c
+    assert leftovers(name) == []
+
+
 def made_once(tmp_path_factory, name, n, args, **kwargs) -> tuple[Path, subprocess.CompletedProcess]:
     """A job (`mpirun(n, args, **kwargs)`) run once per test session in its own directory, and shared by
     pytest-xdist's workers: the first that wants it runs it while the others wait for it (a module's tests run
@@ -217,6 +330,19 @@ def recovery_reference(tmp_path_factory):
     losses = LOSS.findall(proc.stdout)
     assert len(losses) == 30
     return losses, d
+
+
+@pytest.fixture(scope="session")
+def lenet_reference(tmp_path_factory):
+    """The uninterrupted run of configs/lenet5.yaml, epochs cut to 2 steps (tests/e2e/test_e2e_models.py's LENET),
+    made once for the fault-recovery page's two tests: the CLI's (test_e2e_models) and the script's in examples/
+    (test_e2e_examples). (loss lines, checkpoint directory: lenet-6_2 ... lenet-10_2)."""
+    from ftjob import LOSS
+    from test_e2e_models import LENET
+    d, proc = made_once(tmp_path_factory, "lenet-reference", 8, LENET, check=0)
+    losses = LOSS.findall(proc.stdout)
+    assert len(losses) == 20
+    return losses, d / "run" / "checkpoints"
 
 
 def flip_byte(path, dataset=None):

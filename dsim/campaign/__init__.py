@@ -6,7 +6,8 @@
 One module per idea:
 - failures:   the random failure process (exponential inter-failure times, victim, point in the step, kind)
               drawn from the seed, and the fault plan file the jobs read (dsim.faults, fault.kind: plan);
-- strategies: the recovery schemes (periodic, ttp, arf, elastic): what each job is started with;
+- strategies: the recovery schemes (periodic, ttp, arf, elastic, peer): what each job is started with;
+- hosts:      on real hosts (--cluster HxS): the test cluster, its hostfiles, host crashes and the hosts left;
 - jobs:       one training job through the launch scripts, in its own process group, with a timeout;
 - runner:     a combination (strategy x interval) run until its wall-clock budget is spent, restarting
               jobs as the strategy says; and the fault-free reference run;

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 from ..checkpoint.survivability import survivability
+from ..cluster import ClusterError
 from ..config import ConfigError, load_config
 from ..parallel.layout import ParallelLayout
-from . import analysis, failures, jobs, report, runner, scale, strategies
+from . import analysis, failures, hosts, jobs, report, runner, scale, strategies
 from .failures import PLAN_KINDS, parse_duration
 
 
@@ -33,10 +34,19 @@ def parse_args(argv=None):
                    help=f"schemes to compare, among {','.join(strategies.STRATEGIES)} (default periodic,ttp,arf)")
     p.add_argument("--save-every", default="10,50", help="periodic checkpoint intervals in steps (default 10,50)")
     p.add_argument("--seed", type=int, default=1, help="seed of the failure process (default 1)")
-    p.add_argument("--ranks", type=int, default=8, help="training ranks (RANK_SIZE of the launch scripts; default 8)")
+    p.add_argument("--ranks", type=int, help="training ranks (RANK_SIZE of the launch scripts; default 8, on a cluster "
+                                             "its hosts x slots)")
     p.add_argument("--spares", type=int, default=2, help="at most this many warm spares for arf (default 2)")
-    p.add_argument("--ranks-per-node", type=int, default=4,
-                   help="ranks a `node` failure kills together: ranks 0..N-1 are the first node (default 4)")
+    p.add_argument("--ranks-per-node", type=int,
+                   help="ranks a `node` failure kills together: ranks 0..N-1 are the first node (default 4; on a "
+                        "cluster its slots: a node failure crashes a host)")
+    p.add_argument("--cluster", metavar="HOSTSxSLOTS",
+                   help="run every job on a test cluster of network namespaces made for the campaign (dsim.cluster, "
+                        "as root), e.g. 4x2: node-local checkpoints; a node failure crashes a host other than node1, "
+                        "the restart runs on the hosts left (default: every job on this host)")
+    p.add_argument("--peer-copy-every", type=int, default=strategies.PEER_COPY_EVERY,
+                   help="the peer strategy's tft.peer_copy_every: steps between two copies of each rank's state into "
+                        f"another host's memory (default {strategies.PEER_COPY_EVERY})")
     p.add_argument("--hang-timeout", default="10s",
                    help="with hang, stuck, deadlock or unmatched failures: tft.hang_timeout of every job, how long "
                         "a step may go on before a frozen or stuck rank is killed (default 10s; a deadlock is broken "
@@ -54,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--rank-mtbf", default="1y", help="per-rank MTBF of the what-if at scale (default 1y)")
     p.add_argument("--node-mtbf", help="per-node MTBF of the what-if at scale: whole servers of --ranks-per-node ranks "
                                        "fail too (default: off, rank failures only)")
+    p.add_argument("--host-mtbf", help="with --cluster: every host but node1 crashes at this mean time between failures "
+                                       "each, in the jobs, beside the failures of --mtbf (default: off)")
     p.add_argument("-o", "--output", required=True, metavar="REPORT_DIR", help="a new (or empty) directory")
     return p.parse_args(argv)
 
@@ -68,6 +80,20 @@ def settings_from(args) -> tuple:
     mtbf, duration, rank_mtbf = (durations("--mtbf", args.mtbf), durations("--duration", args.duration),
                                  durations("--rank-mtbf", args.rank_mtbf))
     node_mtbf = durations("--node-mtbf", args.node_mtbf) if args.node_mtbf else None
+    host_mtbf = durations("--host-mtbf", args.host_mtbf) if args.host_mtbf else None
+    if host_mtbf and args.cluster is None:
+        raise ValueError("--host-mtbf crashes the hosts of a cluster: it needs --cluster")
+    shape = hosts.parse_shape(args.cluster) if args.cluster is not None else None
+    if shape:
+        if args.ranks_per_node is not None and args.ranks_per_node != shape[1]:
+            raise ValueError(f"--ranks-per-node {args.ranks_per_node}: on a cluster a node is a host, of --cluster's "
+                             f"{shape[1]} slots (leave it out)")
+        args.ranks_per_node = shape[1]
+        args.ranks = shape[0] * shape[1] if args.ranks is None else args.ranks
+        if not 1 <= args.ranks <= shape[0] * shape[1]:
+            raise ValueError(f"--ranks {args.ranks} must fit --cluster {args.cluster}'s {shape[0] * shape[1]} slots")
+    args.ranks = 8 if args.ranks is None else args.ranks
+    args.ranks_per_node = 4 if args.ranks_per_node is None else args.ranks_per_node
     if node_mtbf and args.ranks_per_node < 1:
         raise ValueError(f"--ranks-per-node must be >= 1 with --node-mtbf, got {args.ranks_per_node}")
     hang_timeout = durations("--hang-timeout", args.hang_timeout)
@@ -92,7 +118,12 @@ def settings_from(args) -> tuple:
     if "node" in kinds and (args.ranks_per_node < 1 or args.ranks % args.ranks_per_node):
         raise ValueError(f"--ranks-per-node {args.ranks_per_node} must divide --ranks {args.ranks} "
                          "(the nodes a `node` failure kills are of one size)")
-    chosen = strategies.parse(args.strategy)
+    if args.peer_copy_every < 1:
+        raise ValueError(f"--peer-copy-every must be >= 1 step, got {args.peer_copy_every}")
+    chosen = [strategies.with_peer_copy_every(x, args.peer_copy_every) for x in strategies.parse(args.strategy)]
+    if shape and shape[0] < 2 and ("node" in kinds or "host" in kinds or host_mtbf):
+        raise ValueError(f"--cluster {args.cluster}: a host crash needs a host other than node1 (mpirun's): "
+                         "2 hosts or more")
     if args.config and not Path(args.config).is_file():
         raise ValueError(f"--config: file not found: {args.config}")
     load_config(args.config, args.overrides)  # a bad config is one line here, not in every job's log
@@ -103,20 +134,29 @@ def settings_from(args) -> tuple:
     out = Path(args.output).resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"-o {args.output}: exists and is not an empty directory (a campaign never writes over one)")
+    if shape:
+        from ..cluster import unavailable
+        why = unavailable()
+        if why:
+            raise ValueError(f"--cluster: no cluster of network namespaces here: {why}")
     return runner.Settings(out, args.config, args.overrides, mtbf, duration, kinds, chosen, intervals, args.seed,
                            args.ranks, args.spares, args.ranks_per_node,
                            hang_timeout if {"hang", "stuck", "deadlock", "unmatched"} & set(kinds) else None,
                            args.sdc_check_every if "sdc" in kinds else None, node_mtbf,
                            (args.straggler_factor or None) if "slow" in kinds else None,
-                           args.slowdown if "slow" in kinds else None), rank_mtbf
+                           args.slowdown if "slow" in kinds else None, shape,
+                           args.peer_copy_every if any(x.name == "peer" for x in chosen) else None,
+                           host_mtbf), rank_mtbf
 
 
 def analyse(raw: dict, ref, ref_losses: dict) -> dict:
     """A finished combination's row: summary figures, and (once the fault-free run is done) the losses and the
     final state against it."""
     row = {k: v for k, v in raw.items() if k != "events"}
+    # (on a cluster, a job after one that found no complete checkpoint started over from scratch)
+    over = [j["started"] for prev, j in zip(raw["jobs"], raw["jobs"][1:]) if prev.get("started_over")]
     row.update(analysis.summarize(raw["failures"], raw["events"], raw["start"], raw["end"], raw["save_every"],
-                                  ref["fault_free_rate"] if ref else None))
+                                  ref["fault_free_rate"] if ref else None, over))
     row["failures_injected"] = raw["fired"]  # the campaign's count (plan markers); seen is the job's own
     row["unrecovered"] = raw["fired"] - row["survived"]
     if ref is None:
@@ -173,15 +213,40 @@ def main(argv=None) -> int:
     guard.set_run_dir(s.out)
     signal.signal(signal.SIGTERM, _interrupt)
     plan = failures.draw(s.seed, s.mtbf, s.duration, s.kinds, s.ranks)
+    if s.cluster:  # a node failure crashes a host; --host-mtbf crashes hosts too
+        plan = hosts.on_cluster(plan, s.seed, s.host_mtbf, s.duration, *s.cluster)
     doc = {"format": "dsim-campaign/1", "command": ["python", "-m", "dsim.campaign", *(argv or sys.argv[1:])],
            "settings": {"mtbf_s": s.mtbf, "duration_s": s.duration, "faults": s.kinds, "seed": s.seed,
                         "strategies": [x.name for x in s.strategies], "save_every": s.intervals, "ranks": s.ranks,
                         "ranks_per_node": s.ranks_per_node, "hang_timeout_s": s.hang_timeout,
                         "sdc_check_every": s.sdc_check_every, "node_mtbf_s": s.node_mtbf,
                         "straggler_factor": s.straggler_factor, "slowdown": s.slowdown,
-                        "config": str(s.config_file), "overrides": s.overrides},
+                        "config": str(s.config_file), "overrides": s.overrides,
+                        **({"peer_copy_every": s.peer_copy_every} if s.peer_copy_every else {})},
            "plan": failures.to_dicts(plan), "combinations": [], "finished": False}
     raws, rows, events_of, code = [], [], {}, 0
+    if s.cluster:
+        doc["settings"].update(cluster=f"{s.cluster[0]}x{s.cluster[1]}", host_mtbf_s=s.host_mtbf)
+    try:
+        with hosts.made(s) as s.hosts:  # (no cluster without --cluster) torn down however this ends
+            if s.hosts:
+                signal.signal(signal.SIGTERM, _interrupt)  # (the cluster's handler ends the block without a report)
+                doc["cluster"] = s.hosts.describe()
+            rows, code = run_all(s, plan, doc, raws, events_of)
+    except ClusterError as e:
+        print(f"dsim: error: the cluster: {e}", file=sys.stderr)
+        code = 1
+    if not rows:
+        rows = doc["combinations"]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # every job is stopped: a second Ctrl-C must not lose the report
+    finish(s, doc, rows, events_of, rank_mtbf)
+    return code
+
+
+def run_all(s, plan: list, doc: dict, raws: list, events_of: dict) -> tuple[list, int]:
+    """Every combination, then the fault-free run: (the rows, the exit status); Ctrl-C or a campaign error stops it
+    with the combinations that finished in doc."""
+    rows, code = [], 0
     try:
         for strategy in s.strategies:
             for k in s.intervals:
@@ -214,11 +279,7 @@ def main(argv=None) -> int:
     except runner.CampaignError as e:
         print(f"dsim: error: {e}", file=sys.stderr)
         code = 1
-    if not rows:
-        rows = doc["combinations"]
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # every job is stopped: a second Ctrl-C must not lose the report
-    finish(s, doc, rows, events_of, rank_mtbf)
-    return code
+    return rows, code
 
 
 def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
@@ -226,8 +287,11 @@ def finish(s, doc: dict, rows: list, events_of: dict, rank_mtbf: float) -> None:
     ref = doc.get("fault_free")
     lines = report.table(rows) if rows else []
     if ref is not None and len(rows) > 1:
-        lines += ["", f"checkpoint interval: measured best beside Young/Daly (MTBF {s.mtbf:.0f} s):"]
-        lines += report.young_daly(rows, s.mtbf, ref)
+        # on a cluster the jobs meet the host crashes of --host-mtbf too
+        mtbf = hosts.job_mtbf(s.mtbf, s.host_mtbf, s.cluster[0]) if s.cluster else s.mtbf
+        lines += ["", f"checkpoint interval: measured best beside Young/Daly (MTBF {mtbf:.0f} s"
+                      + (", host crashes included" if mtbf != s.mtbf else "") + "):"]
+        lines += report.young_daly(rows, mtbf, ref)
         doc["what_if"] = what_if(rows, ref, rank_mtbf, events_of.get(ref["dir"], []), s.node_mtbf, s.ranks_per_node)
         nodes = (f", per-node MTBF {args_time(s.node_mtbf)} (nodes of {s.ranks_per_node} ranks)" if s.node_mtbf
                  else "")

@@ -200,9 +200,13 @@ def checkpoint_cost(events: list, end: float, save_every: int) -> dict:
     return {"step_s": step, "save_s": save, "saves": len(windows), "rate": rate}
 
 
-def progress(events: list, end: float) -> int:
-    """The global step training had reached when the budget ran out (the last step event before `end`)."""
-    steps = [e["global_step"] for e in events if e["event"] == "step" and e["time"] <= end]
+def progress(events: list, end: float, over=()) -> int:
+    """The global step training had reached when the budget ran out (the last step event before `end`); `over`: when
+    jobs started over from scratch (on a cluster, every checkpoint lost with a crashed host's disk), the steps before
+    the last such start lost with them."""
+    since = max((t for t in over if t <= end), default=None)
+    steps = [e["global_step"] for e in events if e["event"] == "step" and e["time"] <= end
+             and (since is None or e["time"] >= since)]
     return steps[-1] if steps else 0
 
 
@@ -264,10 +268,10 @@ def evictions(recs: list, events: list, end: float) -> tuple[int, int]:
     return kills, healthy
 
 
-def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate) -> dict:
-    """The combination's row: goodput, failures, losses, recovery times, checkpoint overhead."""
+def summarize(recs: list, events: list, start: float, end: float, save_every: int, fault_free_rate, over=()) -> dict:
+    """The combination's row: goodput, failures, losses, recovery times, checkpoint overhead (over: progress's)."""
     cost = checkpoint_cost(events, end, save_every)
-    steps = progress(events, end)
+    steps = progress(events, end, over)
     seconds = end - start
     seen = [r for r in recs if r["seen"]]
     lost = [r["steps_lost"] for r in seen if r["steps_lost"] is not None]

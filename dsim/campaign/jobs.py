@@ -25,16 +25,18 @@ ENDED_SECONDS = 2.0  # every rank of the job gone this long and mpirun still the
 class Job:
     """A launch script running one job: poll() for its exit status, stop() to end it and all it started."""
 
-    def __init__(self, script: str, args: list, cwd, log, env: dict, job_id: str, timeout: float):
+    def __init__(self, script: str, args: list, cwd, log, env: dict, job_id: str, timeout: float, wrap=None):
+        """wrap: argv -> the argv that runs it elsewhere (on a cluster's node1: Cluster.command)."""
         self.id, self.started = job_id, time.time()
         self.deadline = self.started + timeout
         self.log = open(log, "a")
-        ranks = f"RANK_SIZE={env['RANK_SIZE']} " if "RANK_SIZE" in env else ""
-        self.log.write(f"+ {ranks}bash launch/{script} {' '.join(map(str, args))}\n")
+        shown = "".join(f"{k}={env[k]} " for k in ("RANK_SIZE", "HOSTFILE") if k in env)
+        self.log.write(f"+ {shown}bash launch/{script} {' '.join(map(str, args))}\n")
         self.log.flush()
         env = {**os.environ, **env, MARK: job_id, "VIRTUAL_ENV": sys.prefix,
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        self.proc = subprocess.Popen(["bash", str(ROOT / "launch" / script), *map(str, args)], cwd=cwd, env=env,
+        argv = ["bash", str(ROOT / "launch" / script), *map(str, args)]
+        self.proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=cwd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         # watches the script (its child is dsim/ft/launcher.py, not a rank): STALL_SECONDS once children were seen too

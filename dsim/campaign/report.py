@@ -5,7 +5,7 @@ import json
 import math
 from pathlib import Path
 
-COLOURS = {"fault-free": "grey", "periodic": "tab:blue", "ttp": "tab:orange", "arf": "tab:green",
+COLOURS = {"fault-free": "grey", "periodic": "tab:blue", "ttp": "tab:orange", "arf": "tab:green", "peer": "tab:brown",
            "elastic": "tab:purple"}
 STYLES = ["-", "--", ":", "-."]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..checkpoint.format import read_file
 from ..checkpoint.loader import param_dict_of
 from ..faults import DEATH_KINDS, PLAN_ENV
 from ..parallel.layout import Slice
-from . import analysis, failures as failure_process
+from . import analysis, failures as failure_process, hosts as hosts_of
 from .jobs import ROOT, Job
 from .strategies import Strategy
 
@@ -66,6 +67,10 @@ class Settings:
     node_mtbf: Optional[float] = None  # per-node MTBF of the what-if at scale (None: rank failures only)
     straggler_factor: Optional[float] = None  # tft.straggler_factor (and evict) of every job (with `slow` failures)
     slowdown: Optional[float] = None  # how many times slower a `slow` failure makes its victim
+    cluster: Optional[tuple] = None  # (hosts, slots) with --cluster: every job on the test cluster (hosts.py)
+    peer_copy_every: Optional[int] = None  # the peer scheme's tft.peer_copy_every (--peer-copy-every)
+    host_mtbf: Optional[float] = None  # with a cluster: each host but node1 crashes at this MTBF (--host-mtbf)
+    hosts: Optional[object] = None  # the campaign's hosts.CampaignCluster while it runs on one
     tag: str = field(default_factory=lambda: f"{os.getpid()}-{int(time.time())}")
 
     @property
@@ -73,9 +78,9 @@ class Settings:
         return Path(self.config).resolve() if self.config else ROOT / "configs" / "default.yaml"
 
 
-def job_args(s: Settings, save_every: int, extra=(), keep: int = 5) -> list:
+def job_args(s: Settings, save_every: int, extra=(), keep: int = 5, checkpoints: str = "run/checkpoints") -> list:
     """The launch script's arguments: config, checkpoint directory, the user's settings, then the campaign's."""
-    args = [s.config_file, "run/checkpoints"]
+    args = [s.config_file, checkpoints]
     for item in [*s.overrides, "output.dir=run", "output.progress_bar=false", "output.loss_every=100",
                  "train.epochs=100000", f"checkpoint.save_checkpoint_steps={save_every}",
                  "checkpoint.save_checkpoint_epochs=null", f"checkpoint.keep_checkpoint_max={keep}", *extra]:
@@ -137,8 +142,13 @@ def run_reference(s: Settings, save_every: int, target: int = 0, say: Callable =
     start = time.time()
     end, limit = start + s.duration, start + 4 * s.duration
     metrics = d / "run" / "metrics.jsonl"
-    job = Job(SAVE, job_args(s, save_every, keep=1_000_000), d, d / "jobs.log", {"RANK_SIZE": str(s.ranks)},
-              f"{s.tag}-ref", limit - start + GRACE)
+    env, where, wrap = {"RANK_SIZE": str(s.ranks)}, {}, None
+    if s.hosts:  # on every host, each with its files on its own disk
+        more, up = s.hosts.start(d, 0)
+        env.update(more)
+        where, wrap = {"checkpoints": s.hosts.checkpoints(d.name)}, s.hosts.command(d)
+    job = Job(SAVE, job_args(s, save_every, keep=1_000_000, **where), d, d / "jobs.log", env, f"{s.tag}-ref",
+              limit - start + GRACE, wrap)
     pruned, pruning = 0, time.time()
     try:
         reached, checked = 0, 0.0
@@ -149,11 +159,14 @@ def run_reference(s: Settings, save_every: int, target: int = 0, say: Callable =
                 reached = analysis.progress(analysis.read_events(metrics), checked)
             if keep is not None and time.time() > pruning + 2:
                 pruning = time.time()
-                pruned += prune_reference({"dir": str(d)}, keep, spare_newest=True)
+                pruned += prune_reference({"dir": str(d)}, keep, spare_newest=True, hosts=s.hosts)
         if job.code is not None:
             raise CampaignError(f"the fault-free run ended early (exit {job.code}): see {d / 'jobs.log'}")
     finally:
         job.stop()
+        if s.hosts:
+            s.hosts.clean(s.hosts.up())
+            s.hosts.gather(d.name, d / "run" / "checkpoints")
     events = analysis.read_events(metrics)
     cost = analysis.checkpoint_cost(events, end, save_every)
     if not cost["rate"]:
@@ -189,15 +202,18 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
         extra.append(f"tft.sdc_check_every={s.sdc_check_every}")
     if s.straggler_factor:  # a slow rank is found by its step times and killed, then met as a dead one
         extra += [f"tft.straggler_factor={s.straggler_factor:g}", "tft.straggler_evict=true"]
+    spares = 0
     if strategy.spares:  # a warm spare per dead rank it will meet, up to max_spares (then spawning)
-        dead = sum(s.ranks_per_node if f.kind == "node" else
+        dead = sum(s.ranks_per_node if f.kind == "node" or f.kind == "host" and s.hosts else
                    f.kind in DEATH_KINDS or f.kind == "slow" and bool(s.straggler_factor)
                    for f in plan)
-        extra.append(f"tft.spares={min(s.max_spares, dead)}")
+        spares = min(s.max_spares, dead)
+        extra.append(f"tft.spares={spares}")
     start = time.time()
     end = start + s.duration
     path = failure_process.write_plan(d / "plan.json", plan, start, s.ranks_per_node, s.slowdown)
     say(f"campaign: {name}: {strategy.summary}; {len(plan)} failure(s) planned in {s.duration:.0f} s")
+    root = s.hosts.records(name) if s.hosts else d / "run" / "checkpoints"  # the commit records
     jobs, damaged, job, closed, checked = [], {}, None, None, 0.0
     try:
         while True:
@@ -213,16 +229,32 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
                     if not _unrecovered(d, closed, now, jobs, damaged, bool(s.straggler_factor)):
                         break
             if job is None:
-                resume = newest_committed(d / "run" / "checkpoints") is not None
-                args = job_args(s, save_every, extra) + (["--repair"] if resume else [])
-                job = Job(RECOVER if resume else SAVE, args, d, d / "jobs.log", {PLAN_ENV: str(path), "RANK_SIZE": str(s.ranks)},
-                          f"{s.tag}-{name}-{len(jobs)}", end + TAIL - time.time() + GRACE)
-                jobs.append({"started": job.started, "resume": resume})
+                resume = newest_committed(root) is not None
+                env, where, wrap, on = {PLAN_ENV: str(path), "RANK_SIZE": str(s.ranks)}, {}, None, {}
+                if s.hosts:  # on the hosts up, the plan's host crashes aimed at their ranks there
+                    more, up = s.hosts.start(d, len(jobs), spares)
+                    env.update(more)
+                    failure_process.write_plan(path, s.hosts.aim(plan, up), start, s.ranks_per_node, s.slowdown)
+                    where, wrap = {"checkpoints": s.hosts.checkpoints(name)}, s.hosts.command(d)
+                    on = {"hosts": [s.hosts.name(h) for h in up]}
+                args = job_args(s, save_every, extra, **where) + (["--repair"] if resume else [])
+                logged = (d / "jobs.log").stat().st_size if (d / "jobs.log").exists() else 0
+                job = Job(RECOVER if resume else SAVE, args, d, d / "jobs.log", env,
+                          f"{s.tag}-{name}-{len(jobs)}", end + TAIL - time.time() + GRACE, wrap)
+                jobs.append({"started": job.started, "resume": resume, **on})
             code = job.poll()
-            _damage_fired(path, d, damaged, s.seed)  # before any restart: the victim's disk fails with it
+            # before any restart: the victim's disk fails with it
+            _damage_fired(path, root, damaged, s.seed, s.hosts and (lambda x: s.hosts.locate(x, name)))
             if code is not None:
                 jobs[-1].update(ended=job.ended, code=code)
+                if s.hosts:
+                    s.hosts.after_job(failure_process.fired(path), jobs[-1])
                 job = None
+                if code == 2 and s.hosts and jobs[-1]["resume"] and nothing_to_resume(d / "jobs.log", logged):
+                    # a crashed host's disk held the only copy of some slices: start over, as a user would
+                    s.hosts.start_over(name)
+                    jobs[-1]["started_over"] = True
+                    continue
                 if code == 2:
                     raise CampaignError(f"{name}: a job refused its input (exit 2): see {d / 'jobs.log'}")
                 continue
@@ -231,6 +263,10 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
         if job is not None:
             job.stop()
             jobs[-1].update(ended=job.ended, code=None)  # stopped: the budget (and the recoveries) done
+            if s.hosts:
+                s.hosts.after_job(failure_process.fired(path), jobs[-1])
+        if s.hosts:  # every host's files in one place, for the comparisons
+            s.hosts.gather(name, d / "run" / "checkpoints")
     settled = time.time()
     events = analysis.read_events(d / "run" / "metrics.jsonl")
     recs = _failures(events, closed or settled, settled, jobs, damaged)
@@ -238,9 +274,22 @@ def run_combination(s: Settings, strategy: Strategy, save_every: int, plan: list
     for r in recs:
         r["damaged_file"] = (damaged.get(r["index"]) or {}).get("file")
         r["damaged_tensor"] = (damaged.get(r["index"]) or {}).get("tensor")
+    if s.hosts:
+        hosts_of.annotate(recs, jobs, s.ranks, s.hosts.slots)
     return {"strategy": strategy.name, "save_every": save_every, "exact_required": strategy.exact,
             "start": start, "end": end, "settled": settled, "dir": str(d), "jobs": jobs, "fired": len(fired),
             "damaged_files": sorted(x["file"] for x in damaged.values() if x), "failures": recs, "events": events}
+
+
+NOTHING_TO_RESUME = re.compile(r"dsim: error: no (usable )?committed checkpoint in ")
+
+
+def nothing_to_resume(log: Path, offset: int) -> bool:
+    """Whether the job whose output starts at `offset` of its log ended finding no committed checkpoint complete
+    (on a cluster, the only copy of some slices was on a crashed host's disk)."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        return bool(NOTHING_TO_RESUME.search(f.read().decode(errors="replace")))
 
 
 def _failures(events: list, end: float, until: float, jobs: list, damaged: dict) -> list:
@@ -266,18 +315,23 @@ def struck_tensor(path, rng) -> str:
     return names[int(rng.choice(len(names), p=size / size.sum()))] if size.sum() else names[0]
 
 
-def _damage_fired(plan, d: Path, done: dict, seed: int = 0) -> None:
-    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint, in a
-    tensor drawn from the campaign's seed and the failure (struck_tensor: the same draw in every combination);
-    done[index]: {file, checkpoint, replica: whether a resume can repair it}, or None (no file of the victim)."""
+def _damage_fired(plan, root: Path, done: dict, seed: int = 0, locate: Optional[Callable] = None) -> None:
+    """For each `corrupt` failure that fired, damage the victim's file of the newest committed checkpoint (under
+    root; on a cluster where `locate` finds it, on some host's disk), in a tensor drawn from the campaign's seed and
+    the failure (struck_tensor: the same draw in every combination); done[index]: {file, checkpoint, replica:
+    whether a resume can repair it}, or None (no file of the victim)."""
     for f in failure_process.fired(plan):
         if f.get("kind") == "corrupt" and f["index"] not in done:
-            c = newest_committed(d / "run" / "checkpoints")
+            c = newest_committed(root)
             shard = next((x for x in c.shards if x.rank == f["rank"] and x.size), None) if c else None
+            file = (locate(shard.path) if locate else shard.path) if shard is not None else None
             done[f["index"]] = None
-            if shard is not None:
-                tensor, where = damage(shard.path, struck_tensor(shard.path, np.random.default_rng([seed, f["index"]])))
-                done[f["index"]] = {"file": str(shard.path), "checkpoint": c.name, "tensor": tensor,
+            if file is not None:
+                tensor, where = damage(file, struck_tensor(file, np.random.default_rng([seed, f["index"]])))
+                # (on a cluster, named where the comparisons find it: in the files gathered from the disks)
+                shown = root.parent.parent / "run" / "checkpoints" / Path(shard.path).relative_to(root) if locate \
+                    else shard.path
+                done[f["index"]] = {"file": str(shown), "checkpoint": c.name, "tensor": tensor,
                                     "replica": has_replica(c.record, f["rank"], tensor, where)}
 
 
@@ -333,11 +387,13 @@ def newest_committed_periodic(directory: Path):
     return max(committed, key=lambda c: c.global_step, default=None)
 
 
-def prune_reference(ref: dict, keep_steps: set, spare_newest: bool = False) -> int:
+def prune_reference(ref: dict, keep_steps: set, spare_newest: bool = False, hosts=None) -> int:
     """Remove the fault-free run's checkpoints no combination is compared with; returns how many.
-    spare_newest: while the job runs, its newest checkpoint stays (its next commit record is numbered after it)."""
+    spare_newest: while the job runs, its newest checkpoint stays (its next commit record is numbered after it).
+    hosts: while it runs on a cluster, its files are on the hosts' disks (the records on node1's)."""
     n = 0
-    directory = Path(ref["dir"]) / "run" / "checkpoints"
+    name = Path(ref["dir"]).name
+    directory = hosts.records(name) if hosts else Path(ref["dir"]) / "run" / "checkpoints"
     committed = scan(directory).committed if directory.is_dir() else []
     for c in committed[:-1] if spare_newest else committed:
         if c.global_step in keep_steps:
@@ -346,6 +402,8 @@ def prune_reference(ref: dict, keep_steps: set, spare_newest: bool = False) -> i
             (directory / f"{c.name}{suffix}").unlink(missing_ok=True)
         for shard in c.shards:
             Path(shard.path).unlink(missing_ok=True)
+        if hosts:
+            hosts.prune(name, [shard.path for shard in c.shards])
         n += 1
     return n
 

@@ -3,16 +3,21 @@
 Every scheme restarts the job through the launch scripts when it ends before the budget is spent (the
 recover script resumes from the newest usable committed checkpoint, periodic or last gasp); they differ in
 what the job does itself when a rank fails. A scheme is a row of STRATEGIES: its config settings, whether
-it heals in the job, and whether it must end bit for bit where a fault-free run does. A scheme whose
+it heals in the job, and whether it must end bit for bit where a fault-free run does (`peer` too: the last gasp
+from the copies saves the state of the copy's step, from which the resume goes on bit for bit). A scheme whose
 settings this dsim does not know is refused up front with one line naming what is missing; it runs as soon as
 its setting exists.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..config import ConfigError, load_config
+
+
+PEER_COPY_EVERY = 1  # the peer scheme's default: a copy every step, as Gemini's per-iteration copies (at most 1 step
+                     # lost to a death its copies cover); --peer-copy-every K trades steps at risk for the copies' time
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,19 @@ STRATEGIES = {
                     ("tft.arf=true", "tft.uce=true"), spares=True, needs="tft.arf and tft.uce (in-job repair)"),
     "elastic": Strategy("elastic", "go on in the job with fewer ranks (tft.elastic)", ("tft.elastic=true",),
                         exact=False, needs="tft.elastic (in-job elastic recovery)"),
+    "peer": Strategy("peer", "last gasp (tft.ttp) with each rank's state copied into another host's memory every "
+                     f"{PEER_COPY_EVERY} step(s) (tft.peer_copy_every), then a restart",
+                     ("tft.ttp=true", f"tft.peer_copy_every={PEER_COPY_EVERY}"),
+                     needs="tft.peer_copy_every (peer copies in memory)"),
 }
+
+
+def with_peer_copy_every(strategy: Strategy, k: int) -> Strategy:
+    """The `peer` scheme copying every k steps (--peer-copy-every); any other scheme as it is."""
+    if strategy.name != "peer":
+        return strategy
+    return replace(strategy, summary=strategy.summary.replace(f"every {PEER_COPY_EVERY} step(s)", f"every {k} step(s)"),
+                   settings=("tft.ttp=true", f"tft.peer_copy_every={k}"))
 
 
 def unavailable(strategy: Strategy, config: Optional[str], overrides=()) -> Optional[str]:

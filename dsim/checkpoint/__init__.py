@@ -1,6 +1,7 @@
 """Checkpoints: MindSpore's CheckpointConfig / ModelCheckpoint semantics on sharded HDF5 files.
 
-save:    saver.ModelCheckpoint -> format.write_file per rank -> commit.write_commit (last; record: what the
+save:    saver.ModelCheckpoint (when, retention, a failed save) -> save.save, the one save path of every saver
+         (plan -> format.write_file per file -> gather -> commit.write_commit last; record: what the
          commit record holds, O(distinct slices); progression: rank sets as ranges)
 plan:    group_info (which ranks hold identical slices), survivability (which failures leave a full copy)
 tools:   merge (virtual HDF5 of whole tensors); `python -m dsim.inspect` lists, verifies, merges

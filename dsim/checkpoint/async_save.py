@@ -11,8 +11,8 @@ and fsyncs the file while training goes on. Where the staged copy lives is `chec
 The forward and backward of the next step only read the parameters; its optimizer update, the first write
 to them, waits until the state is staged (`Optimizer.hold_until`), so the file is the saved step's state
 exactly. The thread makes no MPI call (dsim's MPI is not
-initialised for threads calling collectives). The commit protocol stays on the main thread, in
-ModelCheckpoint:
+initialised for threads calling collectives). The commit protocol stays on the main thread: the save path's
+`save.Saving.conclude`, which ModelCheckpoint runs:
 1. (all ranks) at the save's step: wait for the previous background save and commit it, snapshot, start the thread;
 2. (all ranks) at every later step end: agree whether every rank's thread has finished (one small all-reduce);
 3. (all ranks) when all have, or at the next save, or at the end of training (which wait): gather each rank's

@@ -80,10 +80,11 @@ def write_json_atomic(path: Path, record: dict, text: str = None) -> None:
 def write_commit(directory, record: dict, written: dict = None) -> Path:
     """Commit a checkpoint (step 3 above): its digest file, then its record; it exists from this rename on.
 
-    record: built by plan.commit_record, with written (rank -> (size, content digest) of each file); or, from
-    the last gasp's committer and older callers, a record with an explicit `files` map rank -> path and no
-    digests: the map becomes a template, and sizes, digests and the distinct slices are read from the files'
-    attributes (no tensor data; a file that cannot be read gets none).
+    record: built by plan.commit_record (save.Commit, for every save), with written (rank -> (size, content
+    digest) of each file); or, from records written by hand and callers before the one save path (the last gasp
+    wrote one), a record with an explicit `files` map rank -> path and no digests: the map becomes a template,
+    and sizes, digests and the distinct slices are read from the files' attributes (no tensor data; a file that
+    cannot be read gets none).
     """
     directory = Path(directory)
     record = {k: v for k, v in record.items() if k not in ("format", "sizes", "digests")}
@@ -94,7 +95,7 @@ def write_commit(directory, record: dict, written: dict = None) -> Path:
         written, slices = read_files(directory, files, period)
         record["files"] = rec.compact_files(files, period)
         record.setdefault("slices", slices)
-        _compact_last_gasp(record)
+    _compact_last_gasp(record)
     if written is not None:
         world = record.get("world_size") or 1 + max(int(r) for r in written)
         text = rec.dumps(rec.digest_table(record["name"], world, written))
@@ -111,7 +112,7 @@ def _compact_last_gasp(record: dict) -> None:
     """A last gasp's `writers` (rank -> the survivor that wrote its file) keeps only files written for another rank."""
     gasp = record.get("last_gasp")
     if isinstance(gasp, dict) and isinstance(gasp.get("writers"), dict):
-        gasp["writers"] = {r: w for r, w in gasp["writers"].items() if str(r) != str(w)}
+        record["last_gasp"] = {**gasp, "writers": {r: w for r, w in gasp["writers"].items() if str(r) != str(w)}}
 
 
 def read_files(directory, files: dict, period: int = None) -> tuple:

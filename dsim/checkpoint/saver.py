@@ -1,4 +1,5 @@
-"""ModelCheckpoint: the callback that saves sharded (or integrated) checkpoints with the commit protocol."""
+"""ModelCheckpoint: the callback that saves sharded (or integrated) checkpoints: when to save, retention, and what a
+failed save does (checkpoint.on_save_error). The saving itself (plan, write, commit) is save.save's."""
 from __future__ import annotations
 
 import os
@@ -15,62 +16,15 @@ import numpy as np
 from .. import faults
 from ..engine.callbacks import Callback
 from ..log import event, say
-from ..engine.state import owned_pieces
 from ..parallel import progress
-from ..parallel.groups import gather_full
-from ..parallel.layout import Slice
 from . import commit as cm, lease
 from .config import CheckpointConfig
 from .errors import CheckpointError
-from .async_save import BackgroundWrite, Snapshot
-from .format import Tensor, write_file
-from .group_info import group_info, group_info_attr, write_group_info
-from .plan import commit_record, graph_meta, save_plan
-
-
-def state_tensors(network, optimizer, arrays=None):
-    """This rank's owned slices of parameters and optimizer state, as checkpoint tensors.
-
-    arrays (name -> array), if given, replaces the live data: e.g. the state kept from before an update.
-    """
-    params = {p.name: p for p in network.trainable_params()}
-    for name, shape, where, arr in owned_pieces(network, optimizer):
-        kind = "params" if name in params else "optimizer"
-        p = params[name if kind == "params" else name.split(".", 1)[1]]  # state names are <slot>.<param>
-        yield Tensor(kind, name, shape, where, arr if arrays is None else arrays[name], p.spec.split, p.opt_sharded)
-
-
-def _slots(optimizer) -> list:
-    """The optimizer's state slots (moments, ...), each holding a slice of every parameter."""
-    return sorted({s.split(".", 1)[0] for s, _, _ in optimizer.state_items()})
-
-
-def epoch_and_step(global_step: int, steps_per_epoch: int) -> tuple:
-    """(epoch, step in epoch), 1-based as in checkpoint names, of the state after global_step steps; before the
-    first step (a last gasp when a rank dies in step 1) epoch 1 step 0, as the resume line says it (not 0_20)."""
-    if global_step == 0:
-        return 1, 0
-    return (global_step - 1) // steps_per_epoch + 1, (global_step - 1) % steps_per_epoch + 1
-
-
-def resume_meta(model, global_step: int, rank: int) -> dict:
-    """What an exact resume needs besides the tensors: counters, lr schedule, data position, seed.
-
-    Describes rank's file of the state after global_step steps of the model's run.
-    """
-    opt, layout, loader = model.optimizer, model.groups.layout, model.loader
-    spe = loader.get_dataset_size()
-    epoch, in_epoch = epoch_and_step(global_step, spe)
-    return {
-        "epoch": epoch, "step_in_epoch": in_epoch, "global_step": global_step,
-        "rank": rank, "world_size": layout.world_size, "layout": layout.to_dict(),
-        "optimizer": {"name": opt.name, "global_step": global_step,
-                      "learning_rate": opt.learning_rate(global_step), **opt.hyperparams()},
-        "schedule": opt.learning_rate.to_dict(),
-        "data": {"global_step": global_step, "steps_per_epoch": spe, "batch_size": model.global_batch_size},
-        "random_state": "none: initial weights, data and shuffling are pure functions of seed",
-        "seed": getattr(model, "seed", 0), "dtype": str(next(iter(opt.params)).data.dtype),
-    }
+from .async_save import Snapshot
+from .group_info import group_info, write_group_info
+from .plan import graph_meta, save_plan
+from .save import (Background, Commit, Saving, World, append_info, epoch_and_step, error_text, integrated,  # noqa: F401
+                   resume_meta, save, slots, state_file, state_tensors)  # (append_info, epoch_and_step, resume_meta: as before)
 
 
 class SaveError(CheckpointError):
@@ -97,13 +51,6 @@ def free_space(directory) -> str:
     except OSError:
         return "free space unknown"
     return f"{_size_text(usage.free)} free of {_size_text(usage.total)}"
-
-
-def error_text(e: BaseException) -> str:
-    """The errno text of a storage error ('No space left on device'), else the exception in one line."""
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
 
 
 def _ranks_text(ranks) -> str:
@@ -133,30 +80,16 @@ def check_writable(directory) -> None:
                         f"{directory}") from None
 
 
-def append_info(items, epoch: int, global_step: int) -> dict:
-    """The append_info values of a checkpoint: epoch_num, step_num and the user's dict entries."""
-    out = {}
-    for item in items:
-        if item == "epoch_num":
-            out["epoch_num"] = np.int64(epoch)
-        elif item == "step_num":
-            out["step_num"] = np.int64(global_step)
-        else:
-            out.update({k: np.asarray(v) for k, v in item.items()})
-    return out
-
-
 @dataclass
 class _Pending:
-    """A save started and not yet committed: what its commit record needs, and its background writer."""
+    """A save started and not yet committed: its name and step, and the save in flight (save.Saving)."""
 
     name: str
     epoch: int
     step_in_epoch: int
     step: int
     started: float
-    writer: Optional[BackgroundWrite] = None
-    error: tuple = (None, True)   # (error text, whether the storage failed) of what went wrong before the thread
+    saving: Optional[Saving] = None
 
 
 class ModelCheckpoint(Callback):
@@ -223,7 +156,7 @@ class ModelCheckpoint(Callback):
                 write_group_info(self.group_info_file, layout, cb.rank)
             if cb.rank == 0:
                 cm.write_json_atomic(self.directory / f"{self.prefix}-graph.meta",
-                                     graph_meta(self.prefix, layout, cb.network.specs, _slots(cb.optimizer)))
+                                     graph_meta(self.prefix, layout, cb.network.specs, slots(cb.optimizer)))
         except OSError as e:  # every rank must learn of it, or the others wait in the barrier forever
             error = error_text(e)
         failed = {r: e for r, e in enumerate(comm.allgather(error)) if e}
@@ -275,8 +208,8 @@ class ModelCheckpoint(Callback):
         if cb.rank == 0:
             done = any(r["name"] == name and r["global_step"] == cb.cur_step_num
                        for r in cm.committed(self.directory, self.records))
-        with progress.waiting():
-            done = cb.model.groups.world.bcast(done, root=0)
+        groups = cb.model.groups
+        done = groups.runtime.collective(groups.world.bcast, done, root=0)
         if done:
             self.committed_step = self.last_saved_step = cb.cur_step_num
             if name not in self.saved:
@@ -347,48 +280,35 @@ class ModelCheckpoint(Callback):
         for check in self.before_save:  # e.g. tft.sdc_check_every: replicas compared, none saved damaged
             check(cb)
         groups = cb.model.groups
-        comm, layout, rank = groups.world, groups.layout, cb.rank
+        comm, rank, step = groups.world, cb.rank, cb.cur_step_num
         name = cm.checkpoint_name(self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch)
-        meta = {**resume_meta(cb.model, cb.cur_step_num, rank), "prefix": self.prefix, "integrated_save": self.config.integrated_save,
-                "group_info": group_info_attr(layout, rank)}
-        append = self._append_info(cb)
-        step = cb.cur_step_num
-        half = (lambda: faults.at_point("save", step)) if faults.armed("save") else None
-        pending = _Pending(name, cb.cur_epoch_num, cb.cur_step_in_epoch, cb.cur_step_num, t0)
-        error, written, storage = None, None, True
-        try:
-            tensors = list(state_tensors(cb.network, cb.optimizer))
-            path, whole = cm.shard_path(self.directory, rank, name), tensors
+        runtime = groups.runtime
+        half = (lambda: faults.at_point("save", step, runtime)) if faults.armed("save", runtime) else None
+
+        def plan():  # this rank's file, or with integrated_save rank 0's of whole tensors
+            own = state_file(cm.shard_path(self.directory, rank, name), cb.model,
+                             list(state_tensors(cb.network, cb.optimizer)), rank, step, cb.cur_epoch_num, self.prefix,
+                             self.config.append_info, self.config.integrated_save)
+            own.on_half_written = half
             if self.config.integrated_save:
-                full = gather_full(comm, [(t.name, t.global_shape, t.where, t.data) for t in tensors])
-                path, whole = cm.integrated_path(self.directory, name), None
-                if rank == 0:  # full tensors are new arrays: they are the snapshot
-                    whole = [Tensor(t.kind, t.name, t.global_shape, Slice((0,) * len(t.global_shape),
-                                    t.global_shape), full[t.name], t.split, False) for t in tensors]
-            copies, staging = (), self._staging()
-            if staging == "memory":
-                whole, copies = self.snapshot.plan(tensors)  # copied by the thread, before the next update
-            if whole is not None and self.config.async_save:
-                if staging == "page_cache":
-                    pending.writer = BackgroundWrite(  # the live arrays straight into the page cache
-                        lambda check, staged: write_file(path, meta, whole, append, half, after_each=check,
-                                                         direct=False, on_staged=staged), staged_by_write=True)
-                else:
-                    pending.writer = BackgroundWrite(
-                        lambda check: write_file(path, meta, whole, append, half, after_each=check), copies)
-                cb.optimizer.hold_until(pending.writer.copied)
-                if faults.strikes("save", step):  # the rank dies in its writer before its next step starts, so
-                    pending.writer.wait()         # where the others stop does not depend on thread timing
-            elif whole is not None:
-                written = write_file(path, meta, whole, append, half, after_each=progress.tick)
-        except Exception as e:  # every rank must learn of it, or the others wait forever
-            error, storage = error_text(e), isinstance(e, OSError)
+                return integrated(comm, own, cm.integrated_path(self.directory, name))
+            return [own]
+
+        commit = Commit(self.directory, name, self.prefix, cb.cur_epoch_num, cb.cur_step_in_epoch, step,
+                        lambda: self._plan(cb), self.config.integrated_save, host_of=groups.hosts.names,
+                        records=self.records, before=lambda: faults.at_point("commit", step, runtime))
+        background = Background(self._staging(), self.snapshot) if self.config.async_save else None
+        pending = _Pending(name, cb.cur_epoch_num, cb.cur_step_in_epoch, step, t0)
+        pending.saving = save(World(comm, runtime), plan, commit, background)
         if self.config.async_save:
-            pending.error = (error, storage)
-            self.pending, self.last_saved_step = pending, cb.cur_step_num
+            if pending.saving.copied is not None:
+                cb.optimizer.hold_until(pending.saving.copied)  # the next update waits until the state is staged
+                if faults.strikes("save", step, runtime):  # the rank dies in its writer before its next step starts, so
+                    pending.saving.wait()         # where the others stop does not depend on thread timing
+            self.pending, self.last_saved_step = pending, step
             self.stalls.append(time.perf_counter() - t0)
             return name
-        name = self._conclude(cb, pending, error, storage, written)
+        name = self._conclude(cb, pending, pending.saving.outcome)
         self.stalls.append(time.perf_counter() - t0)
         return name
 
@@ -405,12 +325,13 @@ class ModelCheckpoint(Callback):
         if self.pending is None:
             return
         from mpi4py import MPI
-        done = np.array(self.pending.writer is None or self.pending.writer.done(), np.int32)
+        done = np.array(self.pending.saving.done(), np.int32)
         # Allreduce on the world itself: mpi4py's pickled allreduce runs on a hidden duplicate of the
         # communicator, which a revoke of the world does not reach (a rank blocked in it would never learn
         # of a failure the others are already recovering from).
-        with progress.watched("save"), progress.waiting():  # (a rank stuck in its save: the others wait here)
-            cb.model.groups.world.Allreduce(MPI.IN_PLACE, done, op=MPI.MIN)
+        groups = cb.model.groups
+        with progress.watched("save"):  # (a rank stuck in its save: the others wait here)
+            groups.runtime.collective(groups.world.Allreduce, MPI.IN_PLACE, done, op=MPI.MIN)
         if done:
             self.finish(cb)
 
@@ -425,18 +346,12 @@ class ModelCheckpoint(Callback):
 
     def _finish(self, cb, p) -> None:
         self.pending = None
-        error, storage = p.error
-        written = None
-        if p.writer is not None:
-            written, e = p.writer.wait()
-            if e is not None and error is None:
-                error, storage = error_text(e), isinstance(e, OSError)
-        self._conclude(cb, p, error, storage, written)
+        self._conclude(cb, p, p.saving.conclude())
 
     def copying(self) -> bool:
         """Whether an async save in flight is still copying the live state into its snapshot (or the page cache)."""
-        writer = getattr(self.pending, "writer", None)
-        return writer is not None and not writer.copied.is_set()
+        copied = self.pending.saving.copied if self.pending is not None else None
+        return copied is not None and not copied.is_set()
 
     def abandon(self, why: str):
         """Drop the save in flight without committing it (no MPI: a last gasp or an in-job repair takes over);
@@ -445,49 +360,26 @@ class ModelCheckpoint(Callback):
         if p is None:
             return None
         self.pending, self.last_saved_step = None, self.committed_step
-        if p.writer is not None:
-            p.writer.abandon()
+        p.saving.abandon()
         if not self.config.integrated_save and self.rank is not None:
             cm.shard_path(self.directory, self.rank, p.name).unlink(missing_ok=True)  # uncommitted: never loaded
         return f"dsim: the async save of {p.name} (global step {p.step}) was in flight: abandoned, not committed ({why})"
 
-    def _conclude(self, cb, p, error, storage, written):
-        """Every rank's outcome gathered; all files durable: rank 0 commits; else the failure policy."""
+    def _conclude(self, cb, p, outcome):
+        """The policy once every rank's outcome is known (save.Saving.conclude): committed, or what a failure does."""
         groups = cb.model.groups
         comm, rank, name = groups.world, cb.rank, p.name
-        with progress.waiting():
-            results = comm.allgather((error, storage, written))
-        failed = {r: e for r, (e, _, _) in enumerate(results) if e}
-        if failed:
+        if outcome.failed:
             self.last_saved_step = self.committed_step
-            if all(st for e, st, _ in results if e):  # the storage failed: the policy decides
-                return self._failed(cb, name, p.step, failed)
-            raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {failed}")
-        faults.at_point("commit", p.step)
-        with progress.waiting():
-            comm.Barrier()  # every rank is past the commit fault point: all files are in place
-        error = None
-        if rank == 0:
-            try:
-                records = cm.committed(self.directory, self.records)
-                record = commit_record(name, self.prefix, self._plan(cb), p.epoch, p.step_in_epoch,
-                                       p.step, max([r["sequence"] for r in records], default=0) + 1,
-                                       self.config.integrated_save, time.time(), host_of=groups.hosts.names)
-                cm.write_commit(self.directory, record, {r: (w.size, w.digest) for r, (_, _, w) in enumerate(results)
-                                                         if w})
-            except OSError as e:
-                error = error_text(e)
-        with progress.waiting():
-            error = comm.bcast(error, root=0)
-        if error:
-            self.last_saved_step = self.committed_step
-            return self._failed(cb, name, p.step, {0: error}, "its commit record")
+            if outcome.storage:  # the storage failed: the policy decides
+                return self._failed(cb, name, p.step, outcome.failed, outcome.what)
+            raise CheckpointError(f"checkpoint {name} not saved; failed on rank(s) {outcome.failed}")
         self.committed_step = self.last_saved_step = p.step
         self.saved.append(name)
-        self._retain(comm, rank)
+        self._retain(comm, rank, groups.runtime)
         if rank == 0:
             event("checkpoint_committed", checkpoint=name, global_step=p.step)
-            total = sum(w.size for _, _, w in results if w)
+            total = sum(w.size for w in outcome.written.values())
             ms = 1000 * (time.perf_counter() - p.started)
             how = (f"{ms:.0f} ms in the background, the step stalled {1000 * self.stalls[-1]:.0f} ms"
                    if self.config.async_save and self.stalls else f"{ms:.0f} ms")
@@ -519,16 +411,15 @@ class ModelCheckpoint(Callback):
                     p.unlink(missing_ok=True)
                 except OSError:
                     pass
-        with progress.waiting():
-            comm.Barrier()  # every rank has removed its part before anyone goes on
+        runtime = cb.model.groups.runtime
+        runtime.collective(comm.Barrier)  # every rank has removed its part before anyone goes on
         records = cm.committed(self.directory, self.records) if rank == 0 else []
         latest = records[-1]["name"] if records else None
         message = (f"checkpoint {name} (global step {step}) not saved in {self.directory}: "
                    f"{what} could not be written: {self._summary(failed)} ({free_space(self.directory)}); "
                    + (f"the latest checkpoint is still {latest}" if latest else "no checkpoint is committed"))
         if self.on_save_error == "stop":
-            with progress.waiting():
-                message = comm.bcast(message, root=0)
+            message = runtime.collective(comm.bcast, message, root=0)
             raise SaveError(message)
         self.last_failed_step = step
         if rank == 0:
@@ -543,13 +434,10 @@ class ModelCheckpoint(Callback):
         """The save plan of this run's layout and state (the commit record's slices), made once."""
         layout = cb.model.groups.layout
         if getattr(self, "_plan_of", (None,))[0] != layout:
-            self._plan_of = (layout, save_plan(layout, cb.network.specs, _slots(cb.optimizer)))
+            self._plan_of = (layout, save_plan(layout, cb.network.specs, slots(cb.optimizer)))
         return self._plan_of[1]
 
-    def _append_info(self, cb) -> dict:
-        return append_info(self.config.append_info, cb.cur_epoch_num, cb.cur_step_num)
-
-    def _retain(self, comm, rank):
+    def _retain(self, comm, rank, runtime):
         """Drop the oldest committed checkpoints of this prefix beyond keep_checkpoint_max. Each rank removes its
         own file; rank 0 also those of ranks this world no longer has (saved before an elastic shrink: no process
         trains as them now, and nobody else would)."""
@@ -560,8 +448,7 @@ class ModelCheckpoint(Callback):
             for name, _ in drop:
                 cm.uncommit(self.directory, name)  # the commit record first
                 cm.integrated_path(self.directory, name).unlink(missing_ok=True)
-        with progress.waiting():
-            drop = comm.bcast(drop, root=0)
+        drop = runtime.collective(comm.bcast, drop, root=0)
         for name, world in drop:
             for r in [rank, *(range(comm.size, world) if rank == 0 else ())]:
                 cm.shard_path(self.directory, r, name).unlink(missing_ok=True)

@@ -8,8 +8,7 @@ import numpy as np
 
 from .. import guard
 from ..parallel.buckets import GradientBuckets
-from ..parallel import progress
-from ..parallel.groups import Groups, watch
+from ..parallel.groups import Groups
 from .callbacks import RunContext
 
 
@@ -17,7 +16,7 @@ class Recovery(Protocol):
     """What the loop asks of a repair in the job (Model.recovery: dsim.ft.inprocess.InProcessRecovery). Model.rollback
     (dsim.ft.sdc.Rollback) has handles and recover(error) only. The loop knows no more of fault tolerance."""
 
-    watches: bool  # whether the world is watched for failures during a step (parallel.groups.watch)
+    watches: bool  # whether the world is watched for failures during a step (dsim.runtime.Runtime.watch)
 
     def serve(self) -> None: ...                          # answers the others' requests while this rank waits
     def handles(self, error: BaseException) -> bool: ...  # whether it repairs this failure
@@ -70,7 +69,7 @@ class Model:
         if self.groups.layout.pipeline_stage > 1 or micro_batch_num > 1:
             from ..parallel.pipeline import Pipeline
             self.pipeline = Pipeline(self.network, self.groups.layout, self.groups.rank, micro_batch_num,
-                                     schedule or ctx.pipeline_schedule)
+                                     schedule or ctx.pipeline_schedule, self.groups.runtime)
 
     def train_step(self, inputs, labels: np.ndarray) -> float:
         """One training step; returns the global-batch mean loss (identical on every rank).
@@ -80,7 +79,7 @@ class Model:
         net, groups = self.network, self.groups
         step = self.optimizer.global_step + 1
         watching = self.recovery is not None and self.recovery.watches
-        watch(groups.world if watching else None, self.recovery.serve if watching else None, groups.dp)
+        groups.runtime.watch(groups.world if watching else None, self.recovery.serve if watching else None, groups.dp)
         buckets = self.buckets  # before backward: the layers write the gradients into it
         if self.pipeline is not None:
             return self._pipelined_step(inputs, labels, buckets, step)
@@ -172,7 +171,8 @@ class Model:
             raise ValueError("Model.eval with pipeline stages is not supported: each stage holds part of the network")
         counts = np.zeros(2)
         sampler, source = valid_dataset.sampler, valid_dataset.source
-        with progress.watched("evaluation"):  # (tft.hang_timeout: dsim.ft.hang)
+        runtime = self.groups.runtime
+        with runtime.progress.watched("evaluation"):  # (tft.hang_timeout: dsim.ft.hang)
             for step in range(valid_dataset.get_dataset_size()):
                 inputs, labels = source.get(sampler.batch_indices(0, step))
                 logits = self.network.forward(inputs, self.groups.mp)
@@ -180,8 +180,7 @@ class Model:
                 keep = (labels != PAD if getattr(self.network, "input_kind", "image") == "tokens"
                         else np.ones(labels.shape, bool))
                 counts += ((logits.argmax(axis=1) == labels)[keep].sum(), keep.sum())
-            with progress.waiting():
-                self.groups.dp.Allreduce(MPI.IN_PLACE, counts)
+            runtime.collective(self.groups.dp.Allreduce, MPI.IN_PLACE, counts)
         return {"accuracy": float(counts[0] / max(counts[1], 1))}
 
     def train(self, epoch: int, train_dataset, callbacks=None, dataset_sink_mode: bool = True, sink_size: int = -1,
@@ -275,7 +274,8 @@ class Model:
         """Train from the dataset's position. After an in-job repair in the middle of an epoch this process had
         begun, that epoch goes on: its epoch_begin hooks do not run again (TimeMonitor times the whole epoch)."""
         cb, spe = ctx.original_args(), train_dataset.get_dataset_size()
-        for ep, step, images, labels in progress.fetched(train_dataset.batches(epoch)):  # (tft.hang_timeout)
+        progress = self.groups.runtime.progress  # where this process is, for its hang watch (tft.hang_timeout)
+        for ep, step, images, labels in progress.fetched(train_dataset.batches(epoch)):
             cb.cur_epoch_num, cb.cur_step_in_epoch = ep + 1, step  # (after a repair: where it went back to)
             if ep != self._epoch_open:
                 self._epoch_open = ep
@@ -304,7 +304,7 @@ class Model:
         agreement, these began the last gasp while the others began a repair, and each waited for the other."""
         _call(callbacks, "finishing", ctx)
         if self.recovery is not None and self.recovery.watches:
-            with progress.watched("callback"):
+            with self.groups.runtime.progress.watched("callback"):
                 self.recovery.leave()
 
     def _finish(self, ending: "_Ending", callbacks, ctx) -> None:
@@ -338,6 +338,7 @@ def _recovered(callbacks, ctx, train_dataset, step):
 
 def _call(callbacks, hook, ctx, done: list = None):
     """Run `hook` of each callback in turn; `done` gets each callback whose hook returned."""
+    progress = ctx.original_args().model.groups.runtime.progress
     with progress.watched("callback"):  # a callback that never returns is judged too (tft.hang_timeout)
         for c in callbacks:
             getattr(c, hook)(ctx)

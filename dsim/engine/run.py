@@ -37,7 +37,13 @@ class Run:
     stop_on_signal: object = None  # dsim.ft.preemption.StopOnSignal with checkpoint.save_on_signal
     lease: object = None  # dsim.checkpoint.lease.Lease on the checkpoint directory (rank 0), from before a resume
     saver: object = None  # the ModelCheckpoint it saves with (its async save in flight is abandoned on a failure)
+    peer_copies: object = None  # dsim.ft.peer_copy.PeerCopies with tft.peer_copy_every: what the last gasp saves
     factory: Factory = None  # what made it (dsim.build.FACTORY); None for a script's run, which is not remade
+
+    @property
+    def runtime(self):
+        """The state of this rank's process (dsim.runtime.Runtime), which its groups carry."""
+        return self.groups.runtime
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -57,9 +57,9 @@ from typing import Optional
 from ..engine.callbacks import Callback
 from ..log import event, say
 from ..faults import same_process, started
-from ..parallel import progress
 from ..parallel.layout import ParallelLayout
-from .straggler import StragglerJudge
+from ..runtime import PROCESS
+from .straggler import StragglerJudge, egress_held
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
 DEADLOCK_FACTOR = 10  # tft.deadlock_timeout's default, times tft.hang_timeout
@@ -69,8 +69,6 @@ BREAK_WAIT = 10.0  # seconds a deadlock's break waits for every process to beat 
 SETTLE = 3.0
 ALIVE = "deadlock-broken-alive"  # a job went on in place after a break with every rank alive: the next is ended
 RECORD = 512     # bytes of a heartbeat record (JSON, space-padded): one positioned write
-_running = None  # this process's HangWatch while it trains
-_standby = None  # its heartbeat before it trains: a waiting spare, a newcomer joining (standby_heartbeat)
 WORK = {"step": "step", "data loading": "data loading", "callback": "callback", "save": "save",
         "comparison": "comparison of replicas", "evaluation": "evaluation", "last gasp": "last-gasp save",
         "repair": "repair in the job"}  # the work watched (progress.watched) in the watch's lines
@@ -80,12 +78,13 @@ class HangWatch(Callback):
     """The heartbeat of this training process and the watch over the others' (see the module doc)."""
 
     def __init__(self, timeout: Optional[float], directory, straggler_factor: Optional[float] = None,
-                 straggler_evict: bool = False, deadlock_timeout: Optional[float] = None):
+                 straggler_evict: bool = False, deadlock_timeout: Optional[float] = None, runtime=PROCESS):
         self.timeout = None if timeout is None else float(timeout)  # None: no hang judged (stragglers only)
         self.deadlock = (float(deadlock_timeout) if deadlock_timeout else DEADLOCK_FACTOR * self.timeout
                          if self.timeout else None)  # seconds every rank may wait, none progressing
         self.dir = Path(directory) / "heartbeats"  # (stop_frozen_spares reads the same)
         self.stragglers = StragglerJudge(straggler_factor, straggler_evict) if straggler_factor else None
+        self.runtime = runtime  # the process it beats for (dsim.runtime): its progress marks, read from the thread
         self.rank = self.world_size = self.stage_size = None
         self.model = None  # the Model trained (its groups: the communicators a deadlock's break revokes)
         self.role = None  # without a rank (standby_heartbeat): "spare" or "newcomer"
@@ -105,9 +104,9 @@ class HangWatch(Callback):
     def start(self, rank, world_size: int, stage_size: int) -> None:
         """Beat (and watch) as `rank` of a world of `world_size`; rank None: not training yet (standby_heartbeat).
         A training rank's heartbeat replaces this process's standby one."""
-        global _running, _standby
-        if rank is not None and _standby is not None:
-            _standby.end()
+        runtime = self.runtime
+        if rank is not None and runtime.standby is not None:
+            runtime.standby.end()
         self.rank, self.world_size, self.stage_size = rank, world_size, stage_size
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
@@ -118,9 +117,9 @@ class HangWatch(Callback):
         self._thread = threading.Thread(target=self._run, name="dsim-hang-watch", daemon=True)
         self._thread.start()
         if rank is not None:
-            _running = self
+            runtime.hang = self
         else:
-            _standby = self
+            runtime.standby = self
 
     def recovered(self, run_context):
         """After a repair in the job or an elastic shrink: this process's rank and world now; between steps. Rank 0
@@ -134,11 +133,11 @@ class HangWatch(Callback):
         self.step = run_context.original_args().cur_step_num + 1
 
     def end(self, run_context=None):
-        global _running, _standby
-        if _running is self:
-            _running = None
-        if _standby is self:
-            _standby = None
+        runtime = self.runtime
+        if runtime.hang is self:
+            runtime.hang = None
+        if runtime.standby is self:
+            runtime.standby = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -155,20 +154,20 @@ class HangWatch(Callback):
                 self._join_break()  # (before the beat: the beat then says whether it revoked)
                 now = time.time()
                 self._beat(now)
-                began = progress.began  # (read once: the work may end meanwhile)
+                began = self.runtime.progress.began  # (read once: the work may end meanwhile)
                 if self.timeout and began is not None and time.monotonic() - began > self.timeout:
                     self._judge(now, began)
                 if self.stragglers is not None and self.rank == 0:
                     live = [r for r in heartbeats(self.dir) if now - r.get("time", 0) < 4 * HEARTBEAT]
                     self.stragglers.look(live, self.world_size, self.stage_size, same_process,
-                                         lambda r: _kill(self.dir, r))
+                                         lambda r: _kill(self.dir, r), self._hosts())
             except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
                 if not warned:
                     say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")
                     warned = True
 
     def _beat(self, now: float) -> None:
-        mono = time.monotonic()
+        mono, progress = time.monotonic(), self.runtime.progress
         stalled, waiting, work = progress.stalled_for(mono), progress.waiting_for(mono), progress.work
         step_time, timed = progress.step_time()
         record = json.dumps({"pid": os.getpid(), "started": self._started, "rank": self.rank,
@@ -177,8 +176,15 @@ class HangWatch(Callback):
                              "waiting": None if waiting is None else round(waiting, 1), "work": work,
                              "step_time": None if step_time is None else round(step_time, 5), "timed": timed,
                              "revoked": self._revoked_at,
+                             **({"link": egress_held()} if self.stragglers is not None else {}),  # (straggler.py)
                              **({"role": self.role} if self.rank is None else {})})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
+
+    def _hosts(self):
+        """Each rank's host in the world training now (as MPI found them), for the straggler watch; None if unknown."""
+        hosts = getattr(getattr(self.model, "groups", None), "hosts", None)
+        names = getattr(hosts, "names", None)
+        return list(names) if names is not None and len(names) == self.world_size else None
 
     def _judge(self, now: float, began: float) -> None:
         """This rank's work watched (a step's computation or a save), begun at `began` (progress.began), has
@@ -199,7 +205,8 @@ class HangWatch(Callback):
             self.said = began
             if not first(self.dir, f"said-{self.step}"):
                 return  # another rank's watch said it for this step (one line, not one a rank)
-            work = f"the {WORK[progress.work]} of " if progress.work in WORK and progress.work != "step" else ""
+            doing = self.runtime.progress.work
+            work = f"the {WORK[doing]} of " if doing in WORK and doing != "step" else ""
             say(f"dsim: hang watch: rank {self.rank}: {work}step {self.step} has gone on for {now - since:.0f} s; "
                 "no rank's process is frozen or stuck outside a collective (slow, or stuck elsewhere): waiting"
                 + (f" (all waiting for {self.deadlock:g} s: a deadlock, "
@@ -266,7 +273,7 @@ class HangWatch(Callback):
         mark): then it revokes its rank's communicators once. Each rank's, since a revoke reaches only the ranks
         waiting on the communicator revoked, and a rank may wait on one whose other members all wait elsewhere
         (a data-parallel pair whose peer waits for nothing)."""
-        waited = progress.waiting_for(time.monotonic())
+        waited = self.runtime.progress.waiting_for(time.monotonic())
         if waited is None or not self.deadlock or waited < self.deadlock / 2 or self.model is None:
             return
         mark = next(iter(self.dir.glob("killed-deadlock-*")), None)
@@ -341,15 +348,16 @@ def deadlocked(world: list, now: float, timeout: float) -> Optional[float]:
     return waited if waited > timeout else None
 
 
-def broke_deadlock(noticed_at: float) -> bool:
+def broke_deadlock(noticed_at: float, runtime=PROCESS) -> bool:
     """Whether a watch of this job (any rank's) broke a deadlock that explains a failure this process noticed at
     `noticed_at` (time.time()): its mark made before, at most 2 BREAK_WAIT (the longest a break takes to free or
     kill every waiting rank, and then some). The failure handling then saves a last gasp even if every rank is
     alive (dsim.ft.last_gasp). An MPI error of another kind, later in the same job, is not the break's (rank 0
-    removes the mark at the start of a job and after a repair in the job)."""
-    if _running is None:
+    removes the mark at the start of a job and after a repair in the job). `runtime`: the process's, whose hang
+    watch's directory holds the marks."""
+    if runtime.hang is None:
         return False
-    for mark in _running.dir.glob("killed-deadlock-*"):
+    for mark in runtime.hang.dir.glob("killed-deadlock-*"):
         try:
             made = mark.stat().st_mtime
         except OSError:
@@ -378,11 +386,11 @@ def settled(record: dict, revoked_at: float) -> bool:
     return out_of_it or (revoked is not None and revoked >= revoked_at - BREAK_WAIT and record["time"] > revoked + SETTLE)
 
 
-def went_on_alive() -> None:
+def went_on_alive(runtime=PROCESS) -> None:
     """A repair in the job went on after a deadlock's break with every rank alive (dsim.ft.inprocess): mark it, so
     that a deadlock of this job again ends it (a deterministic one would be broken and repaired for ever)."""
-    if _running is not None:
-        first(_running.dir, ALIVE)
+    if runtime.hang is not None:
+        first(runtime.hang.dir, ALIVE)
 
 
 def still_waiting(records: list, revoked_at: float) -> list:
@@ -412,28 +420,29 @@ def _stage_size(cb) -> int:
     return ParallelLayout(**layout).stage_size if layout else cb.world_size
 
 
-def standby_heartbeat(directory, world_size: int, timeout, role: str) -> Optional[HangWatch]:
+def standby_heartbeat(directory, world_size: int, timeout, role: str, runtime=PROCESS) -> Optional[HangWatch]:
     """With tft.hang_timeout, the heartbeat of a process that does not train yet: a warm spare while it waits
     (dsim.ft.spares; role "spare") and, given a place, until its training heartbeat begins; a process spawned
     for a dead rank's place from the moment it knows the job's config (role "newcomer"). Its record (rank
     null, the training world's size) lets a training rank's watch find it frozen while a repair waits for it
     (in the pool's shrink, or the state exchange: killed, the place goes to another spare or a spawned process,
     or the repair is given up), and rank 0, at the end of training, a released spare that never leaves
-    (stop_frozen_spares). It judges nobody; end() stops it, and so does a training heartbeat's start."""
+    (stop_frozen_spares). It judges nobody; end() stops it, and so does a training heartbeat's start. `runtime`: the
+    process's, which keeps it."""
     if not timeout:
         return None
-    if _standby is not None:
-        return _standby  # a spare that took a place: the same heartbeat goes on
-    watch = HangWatch(None, directory)
+    if runtime.standby is not None:
+        return runtime.standby  # a spare that took a place: the same heartbeat goes on
+    watch = HangWatch(None, directory, runtime=runtime)
     watch.role = role
     watch.start(None, world_size, world_size)
     return watch
 
 
-def end_standby() -> None:
+def end_standby(runtime=PROCESS) -> None:
     """Stop this process's standby heartbeat, if any (a spare released, a newcomer whose join failed)."""
-    if _standby is not None:
-        _standby.end()
+    if runtime.standby is not None:
+        runtime.standby.end()
 
 
 def stop_frozen_spares(directory, world_size: int, timeout: float) -> None:
@@ -459,11 +468,11 @@ def stop_frozen_spares(directory, world_size: int, timeout: float) -> None:
         time.sleep(HEARTBEAT / 5)
 
 
-def leave() -> None:
-    """This process stops training without its callbacks' end (left idle by an elastic shrink): no heartbeat
-    of it is a training rank's any more, and its watch stops."""
-    if _running is not None:
-        _running.end()
+def leave(runtime=PROCESS) -> None:
+    """This process (its runtime) stops training without its callbacks' end (left idle by an elastic shrink): no
+    heartbeat of it is a training rank's any more, and its watch stops."""
+    if runtime.hang is not None:
+        runtime.hang.end()
 
 
 def heartbeats(directory) -> list[dict]:

@@ -33,7 +33,6 @@ from mpi4py import MPI
 
 from ..checkpoint.group_info import group_info
 from ..log import event, say
-from ..parallel import progress
 from .sdc import not_compared
 from .wrapper import IN_PROGRESS
 
@@ -67,8 +66,7 @@ class InPlace:
         if not self.applies(point):
             self.declined = "not here"
             return False
-        with progress.waiting():  # waiting for the replica (the hang watch tells it from a stuck rank)
-            return self._repair(point)
+        return self.run.runtime.collective(self._repair, point)  # waiting for the replica (not stuck: the hang watch)
 
     def _repair(self, point: str) -> bool:
         t0 = time.time()

@@ -30,10 +30,10 @@ from ..checkpoint.group_info import group_info, replica_sets
 from ..config import ConfigError, FaultConfig, config_from_dict
 from ..log import event, say
 from ..faults import UCEError
-from ..parallel import progress
 from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError
-from . import elastic, spares as warm, ulfm
+from ..runtime import PROCESS
+from . import elastic, quorum, spares as warm, ulfm
 from .hang import went_on_alive
 from .in_place import InPlace
 from .last_gasp import survey, unverified_sets
@@ -100,9 +100,8 @@ class InProcessRecovery:
         by those past it (a collective may complete on some ranks and fail on others); those inside begin a
         repair, whose first collective, the shrink of the world, is this one's: the same survey then tells the
         ranks here to join it (FailedAtTheEnd). Nothing failed: a shrink and an all-gather, once a train()."""
-        t, world = time.time(), self.run.groups.world
-        with progress.waiting():
-            comm, failed = ulfm.shrink(world)
+        t, world, runtime = time.time(), self.run.groups.world, self.run.runtime
+        comm, failed = runtime.collective(ulfm.shrink, world, runtime=runtime)
         seen = survey(comm, world.rank, self.run.optimizer.states(), t)
         if failed or seen.damaged:
             raise FailedAtTheEnd(comm, failed, seen)
@@ -126,20 +125,20 @@ class InProcessRecovery:
         interrupts, falls back to the last gasp (RepairInterrupted). The repair is work and its collectives are
         waits, not one long wait: a rank stuck in it is then judged stuck, also where the others wait for it in the
         exchange's MPI_Comm_agree, which no revoke ends (a deadlock's break could not free them there)."""
-        with progress.watched("repair"):
+        with self.run.runtime.progress.watched("repair"):
             return self._recover(exc, callbacks)
 
     def _recover(self, exc, callbacks) -> int:
         t = time.time()
         run, cfg = self.run, self.run.cfg.tft
-        old = run.groups
+        old, runtime = run.groups, run.runtime
         ulfm.revoke_groups(old)
         if isinstance(exc, FailedAtTheEnd):  # past the loop: the world shrunk and surveyed already, with the others
             comm, failed, seen = exc.comm, exc.failed, exc.seen
         else:
-            with progress.waiting():
-                comm, failed = ulfm.shrink(old.world)
+            comm, failed = runtime.collective(ulfm.shrink, old.world, runtime=runtime)
             seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a memory-failed rank offers nothing
+        quorum.check(old, comm)  # a side of a network cut without a quorum of the hosts stops: no repair, no gasp
         damaged, t_fault = seen.damaged, seen.first_noticed
         if not failed and not damaged and not seen.deadlock:
             raise exc  # an MPI error with every rank alive and whole: not a fault to repair
@@ -159,13 +158,12 @@ class InProcessRecovery:
         t0 = time.time()
         world, filled = comm, None
         try:
-            faults.during_repair(old.world.rank, p.step, "refill")
-            with progress.waiting():  # (a spawn, the pool's collectives, the new groups' splits)
-                if failed:
-                    filled = self._refill(comm, failed, p, callbacks, t_fault)
-                    world = filled.world
-                groups = Groups(world, layout)
-            faults.during_repair(old.world.rank, p.step, "exchange")
+            faults.during_repair(old.world.rank, p.step, "refill", runtime)
+            if failed:  # (a spawn, the pool's collectives)
+                filled = runtime.collective(self._refill, comm, failed, p, callbacks, t_fault)
+                world = filled.world
+            groups = runtime.collective(Groups, world, layout, runtime)  # (the new groups' splits)
+            faults.during_repair(old.world.rank, p.step, "exchange", runtime)
         except (MPI.Exception, warm.RefillFailed):
             ulfm.revoke(comm, world)  # another failure during the repair: nobody may wait on the new world
             raise RepairInterrupted(what, failed) from None  # (the caller falls back to the last gasp)
@@ -175,7 +173,7 @@ class InProcessRecovery:
         run.groups = run.model.groups = groups
         self.pending = (t_fault, "heal" if failed else "uce" if damaged else "deadlock", groups.world.rank == 0)
         if not failed and not damaged:  # the same job deadlocking again is ended, not broken (dsim.ft.hang)
-            went_on_alive()
+            went_on_alive(runtime)
         if lead:  # the lowest survivor (a replacement may be rank 0 now)
             donors = ", ".join(f"rank {r} from rank {w} (group info {group_info(layout, r)})"
                                for r, w in sorted(p.writers.items()) if w != r) or "every rank from its own state"
@@ -200,8 +198,8 @@ class InProcessRecovery:
         run, t0 = self.run, time.time()
         old, old_ranks = run.groups.layout, ulfm.world_ranks(comm, run.groups.world)
         try:
-            with progress.waiting():
-                new, fresh = elastic.continue_smaller(run, comm, p, lambda layout: elastic.new_config(run.cfg, layout))
+            new, fresh = run.runtime.collective(elastic.continue_smaller, run, comm, p,
+                                                lambda layout: elastic.new_config(run.cfg, layout))
         except (LayoutError, ConfigError) as e:
             raise CannotRepair(f"{what}; it cannot go on with fewer ranks: {e}", lead) from None
         except MPI.Exception:
@@ -260,19 +258,22 @@ def restore(groups, writers: dict, optimizer, step: int) -> bool:
     a rank dies during it. A rank whose exchange failed revokes the world first: nobody waits for its messages.
     A wait (for the writers, or the receivers, and the agreement): a deadlock here is every process waiting, and a
     rank stuck outside it is judged stuck (dsim.ft.hang)."""
-    with progress.waiting():
-        ok = 1
-        try:
-            exchange(groups, writers, optimizer, step)
-            optimizer.sync(groups.shard)
-        except MPI.Exception:
-            ok = 0
-            ulfm.revoke_groups(groups)
-        try:
-            return bool(ulfm.agree(groups.world, ok))
-        except MPI.Exception:
-            ulfm.revoke_groups(groups)
-            return False
+    return groups.runtime.collective(_restore, groups, writers, optimizer, step)
+
+
+def _restore(groups, writers: dict, optimizer, step: int) -> bool:
+    ok = 1
+    try:
+        exchange(groups, writers, optimizer, step)
+        optimizer.sync(groups.shard)
+    except MPI.Exception:
+        ok = 0
+        ulfm.revoke_groups(groups)
+    try:
+        return bool(ulfm.agree(groups.world, ok))
+    except MPI.Exception:
+        ulfm.revoke_groups(groups)
+        return False
 
 
 def exchange(groups, writers: dict, optimizer, step: int) -> None:
@@ -328,11 +329,11 @@ def take_place(world, pool, joining, factory):
     """A newcomer (a spare, or spawned) takes a dead rank's place in `world`: (run, step, joining).
 
     Its model is built without initial values: every owned slice is received from a replica. Its joining is work
-    watched (progress.watched) from its heartbeat on: a newcomer stuck before the exchange (its process runs) is
+    watched (dsim.parallel.progress) from its heartbeat on: a newcomer stuck before the exchange (its process runs) is
     found by the survivors' watches as a stuck rank is (a newcomer waits for no one, so it would make no deadlock
     for the watch to break either).
     """
-    with progress.watched("repair"):
+    with PROCESS.progress.watched("repair"):  # (the process's: it has no run yet)
         return _take_place(world, pool, joining, factory)
 
 
@@ -347,8 +348,7 @@ def _take_place(world, pool, joining, factory):
     # of epoch 6) is the job's: the newcomer keeps those, or it trains on alone when the others stop
     job_wide = f.kind == "plan" or (f.kind == "exception" and f.rank is None)
     cfg.fault = f if job_wide else FaultConfig()
-    with progress.waiting():  # (its groups' splits, with the survivors' Groups(world, layout))
-        run = factory.build(cfg, world, initialize=False)
+    run = PROCESS.collective(factory.build, cfg, world, initialize=False)  # (its groups' splits, with the survivors')
     run.spares = pool
     step = joining["step"]
     faults.newcomer_in_repair(f, world.rank, step)

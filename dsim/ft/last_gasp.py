@@ -17,6 +17,10 @@ gradients every replica may carry it, so nothing is saved (the last periodic che
 it was saved); without it, a damaged last gasp would be the newest checkpoint, resumed and rolled back to.
 A failure during steps 3-5 starts again from 2 with those still alive; a slice nobody alive holds means no
 checkpoint at all (nothing partial is ever committed), and resume falls back to the last periodic one.
+With tft.peer_copy_every (dsim.ft.peer_copy), a slice nobody alive holds can still be saved from the copy of a dead
+rank's state that its keeper holds: the survivors then save the newest step at which every rank's state is held
+(their snapshots, their replicas, the keepers' complete copies), an older step than the newest, and say how many
+steps that loses.
 After the hang watch broke a deadlock (dsim.ft.hang: it revoked the communicators), every rank may be alive and
 whole: the last gasp is saved all the same, each rank writing its own file.
 """
@@ -30,12 +34,15 @@ from typing import Optional
 from mpi4py import MPI
 
 from .. import faults
-from ..checkpoint import commit as cm
-from ..checkpoint.format import write_file
-from ..checkpoint.group_info import group_info_attr, replica_sets
-from ..checkpoint.saver import append_info, epoch_and_step, resume_meta, state_tensors
+from ..checkpoint import commit as cm, save as sv
+from ..checkpoint.group_info import replica_sets
+from ..checkpoint.plan import save_plan
+from ..checkpoint.record import RANK
+from ..checkpoint.save import epoch_and_step, slots, state_file, state_tensors
 from ..log import event
 from ..parallel import progress
+from ..runtime import PROCESS
+from . import quorum
 from .hang import broke_deadlock
 from .ulfm import agree, revoke, revoke_groups, shrink
 
@@ -50,6 +57,7 @@ class Plan:
     step: Optional[int]
     writers: dict = field(default_factory=dict)  # rank whose file -> surviving rank that writes it
     lost: list = field(default_factory=list)     # replica sets with no living holder of a common step
+    copied: dict = field(default_factory=dict)   # with peer copies: rank whose file comes from a copy -> its keeper
 
 
 def plan(offers: dict, sets) -> Plan:
@@ -101,8 +109,7 @@ class Survey:
 
 def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
     """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
-    with progress.waiting():
-        reports = comm.allgather((me, sorted(states), noticed_at, broke_deadlock(noticed_at)))
+    reports = PROCESS.collective(comm.allgather, (me, sorted(states), noticed_at, broke_deadlock(noticed_at)))
     offers = {r: set(steps) for r, steps, _, _ in reports}
     return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t, _ in reports),
                   any(b for *_, b in reports))
@@ -124,6 +131,8 @@ class Outcome:
     survivors: int = 0
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
     existing: bool = False  # the step's last gasp was committed before (by the job that failed before this one)
+    copied: dict = field(default_factory=dict)  # with peer copies: rank saved from a copy -> the survivor keeping it
+    newest: Optional[int] = None  # with peer copies used: the newest step a survivor had, `step` being older
     other_error: bool = False  # every rank alive and whole, no deadlock broken: an MPI error of another kind
     lead: bool = False     # this rank reports it (the lowest living rank)
 
@@ -152,7 +161,15 @@ class Outcome:
         alone = not_compared(self.unverified)
         return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) committed in "
                 f"{self.directory} by {self.survivors} survivors, {self.ms:.0f} ms after the failure was noticed; "
-                + (f"{alone}; " if alone else "") + f"resume (--resume auto) continues at step {self.step + 1}")
+                + (f"{alone}; " if alone else "") + (f"{self.from_copies()}; " if self.copied else "")
+                + f"resume (--resume auto) continues at step {self.step + 1}")
+
+    def from_copies(self) -> str:
+        """Which ranks' state came from peer copies, and the steps that lost."""
+        ranks, keepers = sorted(self.copied), [self.copied[r] for r in sorted(self.copied)]
+        lost = self.newest - self.step
+        return (f"the state of rank(s) {', '.join(map(str, ranks))} from peer copies in the memory of rank(s) "
+                f"{', '.join(map(str, keepers))}, {lost} step(s) lost (the survivors had step {self.newest})")
 
 
 def lost_stages(run, lost) -> list:
@@ -174,6 +191,7 @@ def without_checkpoint(run, damaged: bool, noticed_at: float) -> Outcome:
     rank's), so that one line says it (collective over the living ranks)."""
     revoke_groups(run.groups)
     comm, failed = shrink(run.groups.world)
+    quorum.check(run.groups, comm)  # a side of a network cut without a quorum of the hosts stops here
     me = run.groups.world.rank
     reports = comm.allgather((me, bool(damaged), broke_deadlock(noticed_at)))
     hit = sorted(r for r, d, _ in reports if d)
@@ -186,12 +204,16 @@ def save(run, noticed_at: float) -> Outcome:
     progress is watched (tft.hang_timeout): a survivor frozen or stuck in it (a write that never returns) is
     killed, and the others start again without it."""
     with progress.watched("last gasp"):
+        copies = run.peer_copies if run.cfg.tft.peer_copy_every else None
+        if copies is not None and copies.comm is not None:
+            copies.settle()  # a copy whose data all arrived is complete; then its communicator is revoked too
+            revoke(copies.comm)
         revoke_groups(run.groups)
         states = run.optimizer.states()
         sets = replica_sets(run.groups.layout)
         for attempt in range(ATTEMPTS):
-            with progress.waiting():
-                comm, failed = shrink(run.groups.world)
+            comm, failed = run.runtime.collective(shrink, run.groups.world, runtime=run.runtime)
+            quorum.check(run.groups, comm)  # before anything is written: a side of a cut without the quorum stops
             try:
                 return _attempt(run, comm, failed, states, sets, noticed_at)
             except MPI.Exception:
@@ -208,6 +230,9 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
     if not failed and not damaged and not seen.deadlock:  # everyone alive and whole: an MPI error of another kind
         return Outcome(failed, survivors=comm.size, lead=comm.rank == 0, other_error=True)
     p = seen.plan(sets)
+    copies = run.peer_copies if run.cfg.tft.peer_copy_every else None
+    if p.step is None and p.lost and copies is not None and copies.comm is not None:
+        p = plan_from_copies(run, comm, me, copies, states, sets) or p
     corrupt = compare_replicas(run, comm, me, states, sets, p.step) if p.step is not None else []
     if corrupt:
         agree(comm, 1)
@@ -233,43 +258,57 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         agree(comm, 1)
         return Outcome(failed, damaged, p.step, directory, name, survivors=comm.size, lead=comm.rank == 0,
                        existing=True)
-    ok, error = 1, None
-    try:
-        for rank, writer in sorted(p.writers.items()):
-            if writer == me:
-                _write(run, directory, rank, p.step, states[p.step])
-    except Exception as e:  # a disk error: every survivor must learn of it
-        ok, error = 0, f"rank {me}: {type(e).__name__}: {e}"
-    if not agree(comm, ok):
-        with progress.waiting():
-            errors = [e for e in comm.allgather(error) if e]
-        raise RuntimeError(f"last-gasp checkpoint of step {p.step} not saved: {errors[0]}")
-    if comm.rank == 0:
-        cm.write_commit(directory, {
-            "name": name, "prefix": PREFIX, "epoch": epoch, "step_in_epoch": in_epoch, "global_step": p.step,
-            "sequence": 1, "world_size": run.groups.layout.world_size, "layout": run.groups.layout.to_dict(),
-            "integrated_save": False, "files": {str(r): file_name(r, epoch, in_epoch) for r in sorted(p.writers)},
-            "last_gasp": {"failed": failed, "writers": {str(r): w for r, w in sorted(p.writers.items())},
-                          **({"unverified": unverified} if unverified else {})},
-            "time": time.time(), **_hosts(run.groups)})
-    agree(comm, 1)  # the committer is past the commit (or this raises and all start again)
+    writes = [r for r, writer in sorted(p.writers.items()) if writer == me]
+    layout = run.groups.layout
+    newest = max(max(s) for s in seen.offers.values() if s) if p.copied else None
+    from_copies = {"peer_copies": {"ranks": {str(r): k for r, k in sorted(p.copied.items())}, "newest_step": newest,
+                                   "steps_lost": newest - p.step}} if p.copied else {}
+    commit = sv.Commit(directory, name, PREFIX, epoch, in_epoch, p.step,
+                       lambda: save_plan(layout, run.network.specs, slots(run.optimizer)),
+                       template=file_name(RANK, epoch, in_epoch), host_of=_hosts(run.groups),
+                       extra={"last_gasp": {"failed": failed,
+                                            "writers": {str(r): w for r, w in sorted(p.writers.items())},
+                                            **({"unverified": unverified} if unverified else {}), **from_copies}})
+    outcome = sv.save(Survivors(comm), lambda: [_write(run, directory, r, p.step, *_source(run, states, r, p))
+                                                for r in writes],
+                      commit, describe=lambda e: f"rank {me}: {type(e).__name__}: {e}").outcome
+    if outcome.failed:  # a disk error (of a file, or of the commit record): every survivor knows it
+        raise RuntimeError(f"last-gasp checkpoint of step {p.step} not saved: {outcome.failed[min(outcome.failed)]}")
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
-                  lead=comm.rank == 0, unverified=unverified)
+                  lead=comm.rank == 0, unverified=unverified, copied=p.copied, newest=newest)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
               directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed,
-              **({"unverified": unverified} if unverified else {}))
+              **({"unverified": unverified} if unverified else {}), **from_copies)
     return out
 
 
-def _hosts(groups) -> dict:
-    """The record's `hosts`: where the job's ranks ran before the failure (record.py), when known."""
-    from ..checkpoint import record as rec
+def _hosts(groups):
+    """Each rank's host before the failure (the record's `hosts`: record.py), when known; else None."""
     hosts = getattr(groups, "hosts", None)
     if hosts is None or len(hosts.names) != groups.layout.world_size:
-        return {}
-    return {"hosts": rec.hosts_json(hosts.names)}
+        return None
+    return hosts.names
+
+
+class Survivors(sv.World):
+    """The save's collective phases over the survivors (the shrunk world): each outcome is agreed first
+    (MPI_Comm_agree: the same answer on every survivor, even through further failures); a failure of one of
+    them raises MPI.Exception, and the last gasp starts again from the shrink."""
+
+    def gather(self, report) -> list:
+        agree(self.comm, int(report[0] is None))  # (the reports then bring the files' sizes and digests, or errors)
+        return super().gather(report)
+
+    def ready(self) -> None:
+        """Nothing: the agreement and the gather were the last collectives before the commit."""
+
+    def share(self, error):
+        """The committer's error, or None once every survivor agreed that it is past the commit."""
+        if agree(self.comm, int(error is None)):
+            return None
+        return super().share(error)
 
 
 def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
@@ -279,8 +318,7 @@ def compare_replicas(run, comm, me: int, states: dict, sets, step: int) -> list:
         return []
     from .sdc import differing_in_sets, state_digests
     mine = state_digests(run.optimizer, states[step]) if step in states else None
-    with progress.waiting():
-        held = {r: digests for r, digests in comm.allgather((me, mine)) if digests is not None}
+    held = {r: digests for r, digests in run.runtime.collective(comm.allgather, (me, mine)) if digests is not None}
     return differing_in_sets(held, sets)
 
 
@@ -294,13 +332,32 @@ def unverified_sets(run, seen: Survey, sets, step: int) -> list:
     return [g for g in sets if len(g) > 1 and sum(step in seen.offers.get(r, ()) for r in g) == 1]
 
 
-def _write(run, directory, rank, step, arrays) -> None:
-    """Write rank's file of the state after `step` from this survivor's memory (rank's slices = this rank's)."""
-    cfg = run.cfg.checkpoint
+def plan_from_copies(run, comm, me, copies, states, sets) -> Optional[Plan]:
+    """With peer copies, when some slice has no living holder: the newest step at which every rank's state is held,
+    by itself (its live state or a snapshot), a living replica, or the living keeper of its copy (dsim.ft.peer_copy.plan;
+    collective over comm), or None."""
+    from .peer_copy import plan as copy_plan
+    offers = run.runtime.collective(comm.allgather, (me, copies.offer(states)))
+    found = copy_plan({r: own for r, (own, _) in offers}, {r: kept for r, (_, kept) in offers}, sets,
+                      run.groups.layout.world_size)
+    return Plan(found.step, found.writers, copied=found.copied) if found is not None else None
+
+
+def _source(run, states, rank, p) -> tuple:
+    """(arrays, tensors) rank's file is written from: this survivor's state of the step (live or a snapshot: rank's
+    slices = this rank's), or the copy of rank's state it keeps."""
+    if rank in p.copied:
+        return None, run.peer_copies.copy_tensors(p.step)
+    return (states[p.step] if p.step in states else run.peer_copies.snapshot(p.step)), None
+
+
+def _write(run, directory, rank, step, arrays, tensors=None) -> sv.Write:
+    """rank's file of the state after `step`, from this survivor's memory (rank's slices = this rank's), or from
+    `tensors` (the copy of rank's state it keeps: dsim.ft.peer_copy)."""
     epoch, in_epoch = epoch_and_step(step, run.loader.get_dataset_size())
-    meta = {**resume_meta(run.model, step, rank), "prefix": PREFIX, "integrated_save": False,
-            "group_info": group_info_attr(run.groups.layout, rank), "last_gasp": True}
     me = run.groups.world.rank
-    write_file(directory / file_name(rank, epoch, in_epoch), meta, state_tensors(run.network, run.optimizer, arrays),
-               append_info(cfg.append_info, epoch, step), lambda: faults.during_last_gasp(me, step),
-               after_each=progress.tick)
+    w = state_file(directory / file_name(rank, epoch, in_epoch), run.model,
+                   tensors if tensors is not None else state_tensors(run.network, run.optimizer, arrays), rank, step,
+                   epoch, PREFIX, run.cfg.checkpoint.append_info, last_gasp=True)
+    w.on_half_written = lambda: faults.during_last_gasp(me, step, run.runtime)
+    return w

@@ -7,13 +7,21 @@
   launcher then exits with the status mpirun would have given, told from the ranks it left unreaped
   (ranks_status), or 1 when that cannot be told.
 - a **failed start**: now and then it exits before starting any rank, with "The PMIx server's listener
-  thread failed to start" (rare: about once in some hundreds of launches). No rank ran, so nothing was read
-  or written: it is started again, up to START_TRIES times.
+  thread failed to start" (rare: about once in some hundreds of launches), or, over several hosts, with a
+  daemon that "failed to report back" before any rank ran (prted's exit status 213, seen in CI on the test
+  cluster at a load of 20 and more). No rank ran, so nothing was read or written: it is started again, up to
+  START_TRIES times.
 - an **abort at its end**: the stall's other face. Instead of blocking on the lock, prterun trips glibc's
   check of it and aborts ("prterun: tpp.c:83: __pthread_tpp_change_priority: Assertion `...' failed.", exit
   250), its ranks already ended and reaped (rarer than the stall, in jobs with a dead rank on a loaded
   machine). The ranks' statuses went with prterun: the launcher exits 1, as after a stall whose
   ranks cannot be read, with a note.
+
+And a **lost host**: when a whole host dies (its daemon, prted, with its ranks), Open MPI 5.0's runtime (PRRTE 3)
+ends the job at once whatever `--with-ft ulfm` says: it prints that it lost a daemon, naming the host, exits 0,
+and leaves its own host's ranks running, their MPI calls crashing (docs/design/node-faults.md). The launcher tells
+it (lost_hosts), waits LOST_WAIT seconds for the ranks left to end (they end with their launcher: dsim.guard),
+kills any still there, says which host was lost in one line and exits 1, never 0.
 
 And a job must not outlive its launcher: mpirun dies with this process (ends_with), and this process stops the job
 when its own caller ends (waited); the ranks end when mpirun does (dsim.guard.end_with_launcher).
@@ -42,16 +50,50 @@ START_TRIES = 3     # a launcher that failed to start is started again, this man
 START_FAILURES = ("The PMIx server's listener thread failed to start",)
 # What prterun prints when it aborts at its end on a failed check of its own (after its ranks ended)
 END_ABORT = re.compile(r"^prterun: .*Assertion .* failed\.$", re.M)
+# What prterun prints when one of its daemons is gone, by which of two paths of PRRTE 3's errmgr saw it first (its help
+# texts "node-died", on stderr, and "failed-daemon", on stdout), and where each names the host
+LOST_DAEMON = {
+    "PRTE has lost communication with a remote daemon": re.compile(r"^\s*Remote daemon:.* on node (\S+)\s*$", re.M),
+    "A daemon failed to report back": re.compile(r"^\s*Remote host:\s*(\S+)\s*$", re.M)}
+LOST_WAIT = 10.0  # seconds the ranks left on this host after a lost host may take to end before they are killed
 
 
-def failed_to_start(returncode: int, stderr: str) -> bool:
-    """Whether mpirun ended with `stderr` before starting any rank, for a cause worth another try."""
-    return returncode != 0 and any(text in stderr for text in START_FAILURES)
+def failed_to_start(returncode: int, output: str, ranks_ran: bool = False) -> bool:
+    """Whether mpirun ended, having printed `output` (both streams), before starting any rank, for a cause worth
+    another try: PMIx's listener (START_FAILURES), or a daemon lost while no rank had run (LOST_DAEMON: with ranks
+    run, that is a lost host)."""
+    if returncode == 0 or ranks_ran:
+        return False
+    return any(text in output for text in START_FAILURES) or any(text in output for text in LOST_DAEMON)
 
 
 def aborted_at_end(returncode: int, stderr: str, ranks_ran: bool) -> bool:
     """Whether mpirun, whose ranks ran, ended with `stderr` by aborting on a check of its own (END_ABORT)."""
     return returncode != 0 and ranks_ran and END_ABORT.search(stderr) is not None
+
+
+def lost_hosts(output: str, ranks_ran: bool) -> list[str] | None:
+    """The hosts whose Open MPI daemon mpirun lost while its ranks ran, from what mpirun printed (both streams);
+    [] when lost but not named; None when no daemon was lost. A daemon that fails before any rank ran is a failed
+    start instead (ranks_ran False: None)."""
+    said = [(text, host) for text, host in LOST_DAEMON.items() if text in output]
+    if not ranks_ran or not said:
+        return None
+    return sorted({name for text, host in said for name in host.findall(output[output.index(text):])})
+
+
+def end_left(ranks, seconds: float = LOST_WAIT) -> list[int]:
+    """Wait up to `seconds` for the given ranks to end; SIGKILL those still there. Returns the ones killed."""
+    deadline = time.monotonic() + seconds
+    while any(alive(r) for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [r for r in ranks if alive(r)]
+    for r in left:
+        try:
+            os.kill(r, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def descendants(pid: int) -> list[int]:
@@ -237,6 +279,22 @@ def notice_ranks(pid: int) -> bool:
     return bool(ranks)
 
 
+RESCUE_NAME = b"dsim-rescue"  # the process name of a rank's rescue writer (dsim.ft.rescue)
+
+
+def rescue_writers() -> list[int]:
+    """The rescue writers on this host (dsim.ft.rescue: forked by ranks at a failure, in sessions of their own): after
+    a lost host the launcher waits for them too, so that a resume started when it returns finds their files whole."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "comm").read_bytes().strip() == RESCUE_NAME:
+                out.append(int(d.name))
+        except OSError:
+            pass
+    return out
+
+
 def is_rank(pid: int) -> bool:
     """Whether a child of mpirun is a process of the job (Open MPI gave it a PMIx rank), not one that starts a
     daemon on another host; True when its environment cannot be read."""
@@ -280,20 +338,23 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
     """
     caller = os.getppid()
     for attempt in range(1, tries + 1):
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()))
         head = bytearray()  # the first of what it printed on stderr: a failed start says so at once
         tail = bytearray()  # and the last: an abort at its end says so last
+        out_tail = bytearray()  # the last on stdout: a lost daemon's message (lost_hosts)
 
-        def relay(pipe=proc.stderr):
+        def relay(pipe, to, tail, head=None):
             for chunk in iter(lambda: pipe.read1(65536), b""):
-                sys.stderr.buffer.write(chunk)
-                sys.stderr.buffer.flush()
-                if len(head) < 65536:
+                to.write(chunk)
+                to.flush()
+                if head is not None and len(head) < 65536:
                     head.extend(chunk)
                 tail.extend(chunk)
                 del tail[:-4096]
-        relayed = threading.Thread(target=relay, daemon=True)
-        relayed.start()
+        relayed = [threading.Thread(target=relay, args=args, daemon=True) for args in
+                   ((proc.stderr, sys.stderr.buffer, tail, head), (proc.stdout, sys.stdout.buffer, out_tail))]
+        for thread in relayed:
+            thread.start()
         # SIGINT as SIGTERM (started in the background of a script, mpirun ignores SIGINT); SIGTERM to the ranks
         # once; SIGUSR1 (stacks) and SIGUSR2 (stop and save) as they came, which mpirun passes to every rank
         stop = lambda signum, frame: proc.send_signal(signal.SIGTERM)  # noqa: E731
@@ -316,7 +377,12 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
             for s, handler in old.items():
                 signal.signal(s, handler)
         proc.wait()
-        relayed.join(timeout=5)
+        left = [r for r in watch.ranks if alive(r)]  # a rank outliving mpirun: its job was ended under it
+        for thread in relayed:
+            thread.join(timeout=5)
+        lost = lost_hosts(out_tail.decode(errors="replace") + tail.decode(errors="replace"), bool(watch.ranks))
+        if how == "ended" and lost is not None:
+            return host_lost(lost, left, proc.returncode, after_line=tail.endswith(b"\n") or not tail)
         if how == "ended" and aborted_at_end(proc.returncode, tail.decode(errors="replace"), bool(watch.ranks)):
             how = "aborted"  # prterun had reaped its ranks: their statuses went with it (ranks_status None)
         if how in ("stalled", "aborted"):
@@ -332,12 +398,32 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
             return 124
         if os.getppid() != caller:
             return 128 + signal.SIGKILL  # stopped with its caller (waited): nobody reads the status
-        if not failed_to_start(proc.returncode, head.decode(errors="replace")) or attempt == tries:
+        said = head.decode(errors="replace") + out_tail.decode(errors="replace")
+        if not failed_to_start(proc.returncode, said, bool(watch.ranks)) or attempt == tries:
             return proc.returncode
         print(f"dsim: note: mpirun failed to start (an Open MPI launcher fault, no rank ran); starting it again "
               f"({attempt + 1} of {tries})", file=sys.stderr)
         time.sleep(1)
     raise AssertionError("unreachable")
+
+
+def host_lost(hosts: list[str], left: list[int], returncode: int, after_line: bool = True) -> int:
+    """After mpirun ended the job on a lost daemon: the ranks it left on this host are given LOST_WAIT seconds to end
+    (dsim.guard ends them with their launcher), then killed; one line says what happened. Returns mpirun's status,
+    or 1 where it gave 0 (PRRTE 3 exits 0 then: a job that did not finish must not look finished). after_line
+    False: what mpirun printed last on stderr did not end its line (its message ends in a NUL): a new line first."""
+    ranks = [r for r in left if is_rank(r)]  # (not the connection to a lost host: ssh, an agent)
+    killed = [r for r in end_left(left) if r in ranks]
+    end_left(rescue_writers())  # forked by the ranks before they ended: their files whole before this returns
+    status = returncode or 1
+    named = ", ".join(hosts) if hosts else "a host (unnamed)"
+    ended = f"; {len(killed)} rank(s) it left running killed after {LOST_WAIT:g} s" if killed else ""
+    print(("" if after_line else "\n") + f"dsim: error: host {named} lost: Open MPI's daemon there is gone with its "
+          f"ranks, and mpirun ended the job (Open MPI 5.0 does not run through a lost host){ended}; no last gasp was "
+          f"agreed; resume (--resume auto) on the hosts left: from the survivors' rescue files when they hold every "
+          f"slice, else from the last committed checkpoint (docs/cluster.md: a host lost); exit status {status}",
+          file=sys.stderr, flush=True)
+    return status
 
 
 def waited(proc, caller: int) -> None:

@@ -22,15 +22,14 @@ import numpy as np
 
 from ..engine.callbacks import Callback
 from ..log import event, say
-from ..parallel import progress
+from ..runtime import PROCESS
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
-_held = 0  # a signal a process not training yet (a warm spare) got while hold_signals() held it
 
 
 def _hold(signum, frame):
-    global _held
-    _held = _held or signum
+    """A signal handler: it notes the signal in the process's runtime (the only one it can reach)."""
+    PROCESS.held_signal = PROCESS.held_signal or signum
 
 
 def hold_signals() -> None:
@@ -45,15 +44,16 @@ class StopOnSignal(Callback):
     """Stops training after the step in which any rank got SIGUSR2 or SIGTERM; `checkpoint` (ModelCheckpoint,
     earlier in the callbacks) saves it at the end. A signal the program handles itself is left to it."""
 
-    def __init__(self, checkpoint=None):
+    def __init__(self, checkpoint=None, runtime=PROCESS):
         self.checkpoint = checkpoint
+        self.runtime = runtime  # the process's (dsim.runtime): a signal held before training, the wait marked
         self.received = 0   # the first of SIGNALS this process got (0: none)
         self.stopped = 0    # the signal training stopped for, the same on every rank (0: none)
         self._flag = np.zeros(1, np.int64)
         self._handlers = {}
 
     def begin(self, run_context):
-        self.received = self.received or _held
+        self.received = self.received or self.runtime.held_signal
         for s in SIGNALS:
             if signal.getsignal(s) in (signal.SIG_DFL, _hold):
                 self._handlers[s] = signal.signal(s, self._note)
@@ -64,8 +64,8 @@ class StopOnSignal(Callback):
     def step_end(self, run_context):
         from mpi4py import MPI
         self._flag[0] = self.received
-        with progress.waiting():
-            run_context.original_args().model.groups.world.Allreduce(MPI.IN_PLACE, self._flag, op=MPI.MAX)
+        world = run_context.original_args().model.groups.world
+        self.runtime.collective(world.Allreduce, MPI.IN_PLACE, self._flag, op=MPI.MAX)
         if self._flag[0]:
             self.stopped = int(self._flag[0])
             run_context.request_stop()

@@ -57,20 +57,21 @@ class SdcCheck(Callback):
         if self.checked == cb.cur_step_num:
             return
         self.checked = cb.cur_step_num
-        with progress.watched("comparison"):
+        with cb.model.groups.runtime.progress.watched("comparison"):
             self._check(cb)
 
     def _check(self, cb) -> None:
         groups = cb.model.groups
+        collective = groups.runtime.collective
         from mpi4py import MPI
         mine = (groups.rank, groups.coords.shard, digests(cb.optimizer))
-        with progress.waiting():
-            found = differing(groups.dp.allgather(mine))
-            anywhere = np.array([len(found)], dtype=np.int64)
-            groups.world.Allreduce(MPI.IN_PLACE, anywhere)  # (a buffer reduction: a revoke reaches it)
-            if not anywhere[0]:
-                return
-            everything = [f for part in groups.world.allgather(found if groups.dp.rank == 0 else []) for f in part]
+        found = differing(collective(groups.dp.allgather, mine))
+        anywhere = np.array([len(found)], dtype=np.int64)
+        collective(groups.world.Allreduce, MPI.IN_PLACE, anywhere)  # (a buffer reduction: a revoke reaches it)
+        if not anywhere[0]:
+            return
+        everything = [f for part in collective(groups.world.allgather, found if groups.dp.rank == 0 else [])
+                      for f in part]
         event("sdc", global_step=cb.cur_step_num, found=everything)
         raise SilentCorruption(cb.cur_step_num, everything)
 

@@ -30,22 +30,21 @@ from mpi4py import MPI
 
 from ..config import ConfigError
 from ..parallel.layout import LayoutError
+from ..runtime import PROCESS
 from .launcher import alive
 
 STOP = 0xA5           # tag of the message that releases a spare (its payload: the exit status)
 POLL = 0.02           # seconds between two probes of a waiting spare
 WATCH_SECONDS = 5.0   # no training process alive this long: the spare's job is gone
 
-_spawned = False      # this process is connected to processes spawned in the job (see finish)
+
+def connected_to_spawned(runtime=PROCESS) -> None:
+    """This process (its runtime) took part in a Spawn and Merge (a survivor, a spare, or the spawned process itself):
+    it ends without MPI_Finalize (finish)."""
+    runtime.spawned = True
 
 
-def connected_to_spawned() -> None:
-    """This process took part in a Spawn and Merge (a survivor, a spare, or the spawned process itself)."""
-    global _spawned
-    _spawned = True
-
-
-def finish(code: int, world=None) -> int:
+def finish(code: int, world=None, runtime=PROCESS) -> int:
     """End a process of a job that spawned replacements: after a barrier on the training world (training
     ended well), exit without MPI_Finalize. Returns code, to end normally, when nothing was spawned.
 
@@ -56,7 +55,7 @@ def finish(code: int, world=None) -> int:
     (prte_allowed_exit_without_sync; a non-zero status is still an error); the barrier keeps any process from
     leaving while another still needs it in a collective.
     """
-    if not _spawned:
+    if not runtime.spawned:
         return code
     if world is not None:
         try:

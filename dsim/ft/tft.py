@@ -60,17 +60,20 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     """An MPI call failed under ULFM: if a rank died (or the hang watch broke a deadlock: dsim.ft.hang), save the
     last-gasp checkpoint when it is on; report; exit 1."""
     from ..faults import UCEError
-    from . import last_gasp, ulfm
+    from . import last_gasp, rescue, ulfm
     from .inprocess import RepairInterrupted
     note = run.saver.abandon("a rank failed: the last gasp saves the newest step instead" if run.cfg.tft.ttp
                              else "a rank failed") if run.saver is not None else None
     damaged = isinstance(error, UCEError) or getattr(run.optimizer, "damaged", False)
+    rescue.write(run)  # before any call of MPI's fault tolerance: a host's crash may take MPI's runtime (rescue.py)
     try:
         out = (last_gasp.save(run, noticed_at) if run.cfg.tft.ttp
                else last_gasp.without_checkpoint(run, damaged, noticed_at))
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
         print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
         return 1
+    if out.step is not None:  # a last gasp committed: what the rescue files hold is saved
+        rescue.handled(run)
     if out.other_error:  # every rank alive and whole, no deadlock broken: an MPI error of another kind
         if ulfm.cut_short(error):  # or garbage that no death explains: a bug, its traceback
             traceback.print_exception(error)

@@ -12,7 +12,7 @@ import time
 
 from mpi4py import MPI
 
-from ..parallel import progress
+from ..runtime import PROCESS
 
 
 def unavailable_reason():
@@ -29,10 +29,21 @@ def unavailable_reason():
 def cut_short(exc) -> bool:
     """Whether an exception is a pickled collective (mpi4py's allgather, bcast) that a rank's death cut short, under
     ULFM: Open MPI may return success with that rank's part truncated, and its unpickling fails ("pickle data was
-    truncated", "invalid load key": a straggler killed inside a save's all-gather does it). A fault like an
-    MPI error: the failure handling shrinks and surveys, and with nobody dead says it as the error it is."""
+    truncated", "invalid load key": a straggler killed inside a save's all-gather does it), or the sizes it
+    exchanged first are garbage and allocating the buffer for them fails (a MemoryError raised inside mpi4py's
+    pickling, msgpickle.pxi: a network cut inside a save's all-gather did it). A fault like an MPI error: the
+    failure handling shrinks and surveys, and with nobody dead says it as the error it is."""
     import pickle
-    return isinstance(exc, pickle.UnpicklingError) and unavailable_reason() is None
+    if unavailable_reason() is not None:
+        return False
+    if isinstance(exc, pickle.UnpicklingError):
+        return True
+    tb = exc.__traceback__ if isinstance(exc, MemoryError) else None
+    while tb is not None:  # (a MemoryError elsewhere is memory running out: not a fault of another rank)
+        if tb.tb_frame.f_code.co_filename.endswith("msgpickle.pxi"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def revoke(*comms) -> None:
@@ -49,22 +60,19 @@ def revoke_groups(groups) -> None:
     revoke(groups.world, groups.dp, groups.mp, groups.shard)
 
 
-_shrunk = None  # the communicator of the living that this process's last shrink made (a repair's, a last gasp's)
-
-
 def revoke_all(groups) -> None:
-    """Revoke a run's communicators and the last one a shrink made here: a failure's handling (a repair, a last
-    gasp) runs its collectives on that one (a deadlock's break: dsim.ft.hang)."""
+    """Revoke a run's communicators and the last one a shrink made in their process (its runtime's shrunk): a
+    failure's handling (a repair, a last gasp) runs its collectives on that one (a deadlock's break: dsim.ft.hang)."""
     revoke_groups(groups)
-    if _shrunk is not None:
-        revoke(_shrunk)
+    shrunk = groups.runtime.shrunk
+    if shrunk is not None:
+        revoke(shrunk)
 
 
 def agree(comm, flag: int) -> int:
     """comm.Agree(flag): the AND of every living rank's flag, the same answer on each even through failures
     (MPI_Comm_agree). Marked as a wait: the hang watch tells a rank waiting here from a stuck one."""
-    with progress.waiting():
-        return comm.Agree(flag)
+    return PROCESS.collective(comm.Agree, flag)
 
 
 def world_ranks(comm, world) -> list[int]:
@@ -72,15 +80,15 @@ def world_ranks(comm, world) -> list[int]:
     return list(MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.size)), world.Get_group()))
 
 
-def shrink(world, retries: int = 5):
-    """A communicator of world's living ranks (their order kept) and the sorted list of world ranks that failed.
+def shrink(world, retries: int = 5, runtime=PROCESS):
+    """A communicator of world's living ranks (their order kept) and the sorted list of world ranks that failed;
+    `runtime` (the process's) keeps it as the last a shrink made here (revoke_all).
 
     Shrink is fault tolerant itself; it is retried if a failure interrupts it.
     """
-    global _shrunk
     for attempt in range(retries):
         try:
-            comm = _shrunk = world.Shrink()
+            comm = runtime.shrunk = world.Shrink()
             living = set(world_ranks(comm, world))
             return comm, sorted(set(range(world.size)) - living)
         except MPI.Exception:

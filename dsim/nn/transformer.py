@@ -146,6 +146,18 @@ class Transformer(Cell):
                 raise LayoutError(f"transformer: {what}={size} is not divisible by model_parallel={mp}")
         super().check(layout)
 
+    def build(self, layout, rank, seed, dtype, initialize=True):
+        """Cell.build; an embedding is its gradient's sole writer (it zeroes only the rows it wrote:
+        Embedding.sole_writer) without data parallel, whose all-reduce writes every row, and without pipeline
+        units, whose micro-batches are summed in the gradient (see pipeline_units)."""
+        super().build(layout, rank, seed, dtype, initialize)
+        self._sole_writers(layout.data_parallel == 1 and getattr(self, "_units", None) is None)
+        return self
+
+    def _sole_writers(self, alone: bool) -> None:
+        for embedding in (self.src_word, self.src_position, self.tgt_word, self.tgt_position):
+            embedding.sole_writer = alone
+
     def _embed(self, word, position, ids, mp):
         batch, length = ids.shape
         positions = np.broadcast_to(np.arange(length), ids.shape)
@@ -186,6 +198,7 @@ class Transformer(Cell):
     def pipeline_units(self) -> list:
         """The embeddings, each encoder block, each decoder block, the head."""
         if getattr(self, "_units", None) is None:
+            self._sole_writers(False)  # the pipeline sums the micro-batches' gradients in the bucket
             self._units = [_Embeddings(self), *[_EncoderBlock(self, b) for b in self.encoder],
                            *[_DecoderBlock(self, b) for b in self.decoder], _Head(self.head)]
         return self._units

@@ -9,11 +9,10 @@ A model-parallel group on one node sums its activations through shared memory in
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 
-from . import hosts, progress, shared
+from ..runtime import PROCESS
+from . import hosts, shared
 from .chunks import chunk_bounds, sum_in_order
 from .layout import ParallelLayout
 
@@ -25,10 +24,12 @@ def _split(comm, ranks_of):
 
 
 class Groups:
-    """The world communicator of a run, the host of each of its ranks, and its dp, mp and optimizer-shard groups."""
+    """The world communicator of a run, the host of each of its ranks, and its dp, mp and optimizer-shard groups;
+    `runtime`, the state of the process they belong to (dsim.runtime: which of them a step watches)."""
 
-    def __init__(self, comm, layout: ParallelLayout):
+    def __init__(self, comm, layout: ParallelLayout, runtime=PROCESS):
         layout.check_world_size(comm.size)
+        self.runtime = runtime
         self.world = comm
         self.layout = layout
         self.rank = comm.rank
@@ -51,63 +52,19 @@ class Groups:
             c.Free()
 
 
-_watched = None  # the world of a fault-tolerant run, during a step (Model.train_step sets it)
-_serve = None    # with it, what answers a damaged replica's request (dsim.ft.in_place), or None
-_serving = None  # the communicator whose first sum of a step waits checking: the data-parallel group
+# what the layers call at each forward and backward (dsim.nn.cell): this process's runtime's check
+check_revoked = PROCESS.check_revoked
 
 
-def watch(world, serve=None, dp=None) -> None:
-    """Make check_revoked() consult `world` (None: nothing) and call serve() (a UCE repaired in place: the
-    replica's side); the step's first sum_chunks on `dp` then waits for its collectives checking too.
-    Called at the start of every step."""
-    global _watched, _serve, _serving
-    _watched, _serve, _serving = world, serve if world is not None else None, dp
-
-
-def check_revoked() -> None:
-    """Raise ERR_REVOKED if the watched world was revoked: a rank computing its part of a step stops at its
-    next layer or collective when another rank failed, instead of going on to its next collective on a
-    communicator the failure does not touch (for instance a model-parallel group without the failed rank),
-    which can be a whole forward and backward later. Local and cheap (MPIX_Comm_is_revoked). Where a UCE
-    can be repaired in place, a damaged replica's request is answered here too (an MPI_Iprobe at most every
-    10 ms: dsim.ft.in_place). A sign of this rank's progress (dsim.parallel.progress)."""
-    progress.pace()
-    progress.tick()
-    if _watched is not None:
-        if _watched.Is_revoked():
-            from mpi4py import MPI
-            raise MPI.Exception(MPI.ERR_REVOKED)
-        if _serve is not None:
-            _serve()
-
-
-@contextmanager
-def before_forward():
-    """Collectives inside it (a pipeline's last stage counts the global batch over dp before its first forward)
-    leave the step's first sum on the data-parallel group, after the forward, to wait checking (_collective)."""
-    global _serving
-    kept = _serving
-    try:
-        yield
-    finally:
-        _serving = kept
-
-
-def _collective(comm, name: str, *args) -> None:
-    """comm.<name>(*args). Where a UCE can be repaired in place, the step's first collective on the
-    data-parallel group is made as its nonblocking variant, checking (check_revoked) while it waits: a replica
-    waiting there for a damaged rank that waits for the replica's answer would otherwise wait forever (the same
-    data moves, so the same bits). Once it is done every rank of the group is past its forward pass, so the
-    later ones (and every model-parallel sum: that group never holds a rank's replica) stay blocking."""
-    global _serving
-    with progress.waiting():
-        if _serve is None or comm is not _serving:
-            getattr(comm, name)(*args)
-            return
-        request = getattr(comm, "I" + name[0].lower() + name[1:])(*args)
-        while not request.Test():
-            check_revoked()
-    _serving = None
+def _sum_phase(call, *args) -> None:
+    """call(*args), a phase of a sum, through the watched-collective wrapper (dsim.runtime.Runtime.collective: the
+    step's first sum on the data-parallel group waits checking, where a UCE can be repaired in place). Once that one
+    is done every rank of the group is past its forward pass, so the later ones (and every model-parallel sum: that
+    group never holds a rank's replica) stay blocking."""
+    polled = PROCESS.serve is not None and call.__self__ is PROCESS.serving
+    PROCESS.collective(call, *args)
+    if polled:
+        PROCESS.serving = None
 
 
 def allreduce_sum(comm, x: np.ndarray, between=None, inplace: bool = False) -> np.ndarray:
@@ -145,28 +102,28 @@ def sum_chunks(comm, src: np.ndarray, out: np.ndarray, receive, between=None) ->
     from mpi4py import MPI
     p, me, n, mpi_type = comm.size, comm.rank, src.size, _mpi_type(src)
     if p == 2 and between is None:
-        _collective(comm, "Allreduce", MPI.IN_PLACE if out is src else [src, mpi_type], [out, mpi_type], MPI.SUM)
+        _sum_phase(comm.Allreduce, MPI.IN_PLACE if out is src else [src, mpi_type], [out, mpi_type], MPI.SUM)
         return
     equal = n % p == 0
     if equal:
         mine = n // p
         lo, hi = me * mine, (me + 1) * mine
         recv = receive(n).reshape(p, mine)
-        _collective(comm, "Alltoall", [src, mpi_type], [recv, mpi_type])
+        _sum_phase(comm.Alltoall, [src, mpi_type], [recv, mpi_type])
     else:
         bounds = chunk_bounds(n, p)
         counts, displs = [bounds[i + 1] - bounds[i] for i in range(p)], bounds[:-1]
         mine, lo, hi = counts[me], bounds[me], bounds[me + 1]
         recv = receive(p * mine).reshape(p, mine)
-        _collective(comm, "Alltoallv", [src, counts, displs, mpi_type],
+        _sum_phase(comm.Alltoallv, [src, counts, displs, mpi_type],
                     [recv, [mine] * p, [mine * i for i in range(p)], mpi_type])
     sum_in_order(recv, out[lo:hi])   # this rank's chunk, summed in group order in its place
     if between is not None:
         between()
     if equal:
-        _collective(comm, "Allgather", MPI.IN_PLACE, [out, mpi_type])
+        _sum_phase(comm.Allgather, MPI.IN_PLACE, [out, mpi_type])
     else:
-        _collective(comm, "Allgatherv", MPI.IN_PLACE, [out, counts, displs, mpi_type])
+        _sum_phase(comm.Allgatherv, MPI.IN_PLACE, [out, counts, displs, mpi_type])
 
 
 _RECEIVE = {}  # dtype -> a receive buffer reused by every allreduce_sum (grown as needed)
@@ -185,8 +142,7 @@ def allgather_axis0(comm, local: np.ndarray) -> np.ndarray:
         return local
     local = np.ascontiguousarray(local)
     out = np.empty((comm.size * local.shape[0],) + local.shape[1:], dtype=local.dtype)
-    with progress.waiting():
-        comm.Allgather(local, out)
+    PROCESS.collective(comm.Allgather, local, out)
     return out
 
 
@@ -196,8 +152,7 @@ def allgather_axis0_inplace(comm, full: np.ndarray) -> None:
     if comm.size == 1:
         return
     from mpi4py import MPI
-    with progress.waiting():
-        comm.Allgather(MPI.IN_PLACE, full)
+    PROCESS.collective(comm.Allgather, MPI.IN_PLACE, full)
 
 
 def _mpi_type(a: np.ndarray):
@@ -211,8 +166,7 @@ def gather_full(comm, pieces) -> dict:
     Replicated pieces simply overwrite each other (they are identical by construction).
     """
     out = {}
-    with progress.waiting():
-        gathered = comm.allgather(list(pieces))
+    gathered = PROCESS.collective(comm.allgather, list(pieces))
     for rank_pieces in gathered:
         for name, shape, where, arr in rank_pieces:
             if name not in out:

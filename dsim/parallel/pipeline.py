@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import progress
-from .groups import before_forward
+from ..runtime import PROCESS
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -67,8 +66,9 @@ def _restore(state) -> None:
 class Pipeline:
     """One rank's part of pipelined steps: its stage's units, the schedule, the gradient accumulator."""
 
-    def __init__(self, network, layout, rank: int, micro: int, schedule_name: str = "1f1b"):
+    def __init__(self, network, layout, rank: int, micro: int, schedule_name: str = "1f1b", runtime=PROCESS):
         from ..nn.cell import _reachable
+        self.runtime = runtime  # the process's (dsim.runtime): its waits marked, its first dp sum watched
         c = layout.coords(rank)
         units = network.pipeline_units()
         stages = network.unit_stages(layout.pipeline_stage) if layout.pipeline_stage > 1 else [0] * len(units)
@@ -91,12 +91,12 @@ class Pipeline:
         xs, ys = micro_batches(inputs, self.micro), micro_batches(labels, self.micro)
         denominator = None
         if self.last:
-            with before_forward():
+            with self.runtime.before_forward():
                 denominator = self.network.loss_denominator(inputs, labels, global_batch_size, dp_comm)
         kept, douts, requests, loss, done = {}, {}, [], 0.0, 0
         for op, j in self.ops:
             if op == "F":
-                x = self.network.prepare(xs[j]) if self.first else _receive(world, self.previous, 2 * j)
+                x = self.network.prepare(xs[j]) if self.first else self._receive(world, self.previous, 2 * j)
                 for unit in self.units:
                     x = unit.forward(x, xs[j], mp_comm)
                 if self.last:
@@ -108,7 +108,7 @@ class Pipeline:
                 if halfway is not None and j == 0:
                     halfway()
             else:
-                dy = douts.pop(j) if self.last else _receive(world, self.next, 2 * j + 1)
+                dy = douts.pop(j) if self.last else self._receive(world, self.next, 2 * j + 1)
                 _restore(kept.pop(j))
                 for i in range(len(self.units) - 1, -1, -1):
                     dy = self.units[i].backward(dy, mp_comm, need_dx=not (self.first and i == 0))
@@ -116,10 +116,12 @@ class Pipeline:
                     requests.append(world.isend(dy, dest=self.previous, tag=2 * j + 1))
                 self._accumulate(grads, done)
                 done += 1
-        with progress.waiting():
-            for r in requests:
-                r.wait()
+        self.runtime.collective(_wait_all, requests)
         return loss
+
+    def _receive(self, world, source: int, tag: int):
+        """The activation or gradient the neighbouring stage sends (waiting for it is waiting in a collective)."""
+        return self.runtime.collective(world.recv, source=source, tag=tag)
 
     def _accumulate(self, grads: np.ndarray, done: int) -> None:
         """Add the micro-batch just done (in grads) to the sum; after the last, grads holds the sum."""
@@ -140,12 +142,12 @@ class Pipeline:
             return loss
         from mpi4py import MPI
         self._loss[0] = loss
-        with progress.waiting():
-            world.Bcast([self._loss, MPI.DOUBLE], root=(self.stages - 1) * (world.size // self.stages))
+        root = (self.stages - 1) * (world.size // self.stages)
+        self.runtime.collective(world.Bcast, [self._loss, MPI.DOUBLE], root=root)
         return float(self._loss[0])
 
 
-def _receive(world, source: int, tag: int):
-    """The activation or gradient the neighbouring stage sends (waiting for it is waiting in a collective)."""
-    with progress.waiting():
-        return world.recv(source=source, tag=tag)
+def _wait_all(requests) -> None:
+    """Wait for each of the sends of a step's activations and gradients, in turn."""
+    for r in requests:
+        r.wait()

@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from . import progress
+from ..runtime import PROCESS
 from .chunks import chunk_bounds, sum_in_order
 
 # Larger sums go through MPI: copying them into the window costs more than it saves.
@@ -43,15 +43,14 @@ _SLOT_UNIT, _SLOT_SKEW = 64 << 10, 35 * 64
 # (a container's /dev/shm may be 64 MiB): a group falls back to MPI when its window would not fit twice.
 SHM_DIR = "/dev/shm"
 
-_keyval = None
 
 
 def _key():
-    global _keyval
-    if _keyval is None:
+    """The attribute key of a communicator's SharedGroup, made once per process (kept by its runtime)."""
+    if PROCESS.shared_key is None:
         from mpi4py import MPI
-        _keyval = MPI.Comm.Create_keyval()
-    return _keyval
+        PROCESS.shared_key = MPI.Comm.Create_keyval()
+    return PROCESS.shared_key
 
 
 def wanted() -> bool:
@@ -84,7 +83,7 @@ def release(comm) -> None:
     """Free comm's SharedGroup window, if any (collective over comm; before comm is freed)."""
     group = of(comm)
     if group is not None:
-        comm.Delete_attr(_keyval)
+        comm.Delete_attr(PROCESS.shared_key)
         if group._scratch is not None:
             group._scratch.free()
             group._scratch = None
@@ -92,9 +91,10 @@ def release(comm) -> None:
 
 def of(comm) -> "SharedGroup | None":
     """The SharedGroup attached to comm, if any (comm may be a wrapper that passes Get_attr on)."""
-    if _keyval is None:
+    key = PROCESS.shared_key
+    if key is None:
         return None
-    return comm.Get_attr(_keyval)
+    return comm.Get_attr(key)
 
 
 def _room(comm, nbytes: int) -> bool:
@@ -107,8 +107,7 @@ def _room(comm, nbytes: int) -> bool:
     except OSError:
         free = 0
     fits = np.array([free >= 2 * nbytes * comm.size], dtype=np.int32)
-    with progress.waiting():
-        comm.Allreduce(MPI.IN_PLACE, fits, op=MPI.MIN)
+    PROCESS.collective(comm.Allreduce, MPI.IN_PLACE, fits, op=MPI.MIN)
     return bool(fits[0])
 
 
@@ -129,8 +128,7 @@ class _Window:
     def fence(self) -> None:
         """Every rank's stores before it are seen by every rank's loads after it."""
         self.win.Sync()
-        with progress.waiting():
-            self.comm.Barrier()
+        PROCESS.collective(self.comm.Barrier)
         self.win.Sync()
 
     def free(self) -> None:
@@ -159,10 +157,7 @@ class SharedGroup:
             if nbytes >= self._no_room or not _room(self.comm, 2 * nbytes):
                 self._no_room = min(self._no_room, nbytes)
                 return False
-            with progress.waiting():
-                if self._scratch is not None:
-                    self._scratch.free()
-                self._scratch = _Window(self.comm, 2 * nbytes)
+            PROCESS.collective(self._grow, 2 * nbytes)
             self._plans.clear()
         key = (nbytes, src.dtype, self._turn)
         self._turn ^= 1
@@ -178,6 +173,12 @@ class SharedGroup:
         for a, b, chunk in theirs:
             out[a:b] = chunk
         return True
+
+    def _grow(self, nbytes: int) -> None:
+        """A new scratch window of nbytes per rank in place of the old (collective over the group)."""
+        if self._scratch is not None:
+            self._scratch.free()
+        self._scratch = _Window(self.comm, nbytes)
 
     def _plan(self, nbytes: int, dtype, half: int):
         """This rank's slot, the chunks it sums, its bounds, and where the others' sums go (kept per size)."""

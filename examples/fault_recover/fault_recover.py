@@ -6,7 +6,7 @@ of epoch 6; then a script of your own finds the latest checkpoint and training r
     $ mpirun -n 8 python examples/fault_recover/fault_recover.py --recover 1  # epochs 7 to 10: lenet_1-7_1875 ...
 
 It reads MNIST_Data/train (the page's download) when that directory exists, else MNIST-shaped digits made from
-the seed. --steps N cuts every epoch to N steps (the tests use 3). Each rank holds a slice of LeNet5 (dp4 x mp2:
+the seed. --steps N cuts every epoch to N steps (the tests use 2). Each rank holds a slice of LeNet5 (dp4 x mp2:
 conv2's channels and fc1's inputs are split over the two model-parallel ranks) and saves only its own slices.
 """
 import argparse

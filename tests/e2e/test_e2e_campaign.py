@@ -13,6 +13,7 @@ import pytest
 
 from conftest import launch_env, mpirun, run_command
 from dsim.campaign import failures
+from dsim.campaign.jobs import carrying
 
 pytestmark = pytest.mark.e2e
 
@@ -45,15 +46,7 @@ def metrics(row, until=None):
 
 def left_behind(pid):
     """Processes still carrying a job id of the campaign with this pid."""
-    needle = f"DSIM_CAMPAIGN_JOB={pid}-".encode()
-    out = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and any(v.startswith(needle) for v in (d / "environ").read_bytes().split(b"\0")):
-                out.append(int(d.name))
-        except OSError:
-            pass
-    return out
+    return carrying(f"{pid}-", prefix=True)
 
 
 def test_campaign_report_matches_the_jobs_metrics(tmp_path):

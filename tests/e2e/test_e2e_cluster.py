@@ -1,8 +1,9 @@
 """End to end on real hosts, made on this machine by dsim.cluster (namespaces; issue 51): the default run on 2 hosts
-x 4 ranks gives the losses of 1 host x 8 bit for bit; shared-memory sums stay within a host (a model-parallel group
-split over hosts sums through MPI); with node-local checkpoints, one host's disk replaced by an empty one, the
-launch scripts' resume (HOSTFILE) takes that host's shards from replicas on the other and is bit-identical; each
-rank's host comes from MPI: the header, the warning for replicas on one host, the commit record's hosts,
+x 4 ranks gives the losses of 1 host x 8 bit for bit, and so do the default run on 4 hosts x 2, LeNet5 and the
+Transformer on both shapes and the pipeline Transformer with a stage a host; shared-memory sums stay within a host
+(a model-parallel group split over hosts sums through MPI); with node-local checkpoints, one host's disk replaced
+by an empty one, the launch scripts' resume (HOSTFILE) takes that host's shards from replicas on the other and is
+bit-identical; each rank's host comes from MPI: the header, the warning for replicas on one host, the commit record's hosts,
 `inspect --survivability`, a sequential hostfile's placement, a fault plan's node failure; and a cluster leaves
 nothing on the machine after a pass, a failure, a timeout, Ctrl-C, or its maker killed.
 
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import BIN, LAUNCHER, ROOT, launch_env, made_once, run_command
+from conftest import BIN, LAUNCHER, ROOT, cluster_of, launch_env, made_once, run_command
+from runs import steps as losses, tensors
 
 from dsim.cluster import DISK_PATH, STATE_ROOT, Cluster, leftovers, unavailable
 
@@ -46,11 +48,7 @@ def skip_without_namespaces():
 def cluster():
     """2 hosts x 4 slots, shared by this module's tests (each leaves it as it found it), torn down after them
     whatever happened, and checked to have left nothing."""
-    skip_without_namespaces()
-    name = f"t{os.getpid()}"
-    with Cluster(hosts=2, slots=4, name=name) as c:
-        yield c
-    assert leftovers(name) == []
+    yield from cluster_of(2, 4, "t")
 
 
 def on_cluster(cluster, n, args, cwd, map_by="slot", timeout=150):
@@ -64,12 +62,6 @@ def on_cluster(cluster, n, args, cwd, map_by="slot", timeout=150):
 
 def hosts_of_ranks(d: Path, n: int) -> list[str]:
     return [(d / f"host.{r}").read_text().strip() for r in range(n)]
-
-
-def losses(run_dir: Path) -> list[tuple[int, float]]:
-    """(global step, loss) of every step in a run's metrics.jsonl, as written (full precision)."""
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(e["global_step"], e["loss"]) for e in events if e.get("event") == "step"]
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +113,46 @@ def test_a_model_parallel_group_split_over_hosts_sums_through_mpi(cluster, one_h
     assert "    node2 (ranks 1,3,5,7): fatal (every rank of {1,5}, {3,7} is on it: " in out, out
 
 
-def tensors(path: Path) -> dict[str, np.ndarray]:
-    import h5py
-    found = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
-    return found
+@pytest.fixture(scope="module")
+def cluster4():
+    """4 hosts x 2 slots, for this module's tests on four hosts; torn down after them, checked to leave nothing."""
+    yield from cluster_of(4, 2, "q")
+
+
+# The seed configs, short (3 steps, no checkpoints): the losses of 1 host x 8 are the reference for each
+SHORT = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=3", "--set", "checkpoint.enabled=false",
+         "--set", "output.progress_bar=false", "--set", "output.dir=run"]
+CONFIGS = {name: ["-m", "dsim.train", "--config", str(ROOT / "configs" / f"{name}.yaml"), *SHORT]
+           for name in ("lenet5", "transformer", "transformer_pipeline")}
+
+
+@pytest.mark.parametrize("config,shape", [("default", "cluster4"), ("lenet5", "cluster"), ("lenet5", "cluster4"),
+                                          ("transformer", "cluster"), ("transformer", "cluster4"),
+                                          ("transformer_pipeline", "cluster")])
+def test_each_config_on_each_shape_of_hosts_gives_the_losses_of_one_host(config, shape, one_host, request,
+                                                                        tmp_path_factory, tmp_path):
+    """The default, LeNet5 (dp4 x mp2) and Transformer (dp2 x mp4) configs on 2 hosts x 4 and 4 hosts x 2 ranks
+    (--map-by slot; the default on 2 x 4: above), and the pipeline Transformer (pp2 x dp2 x mp2) with a stage a host:
+    the losses of 1 host x 8, bit for bit; the header names the hosts, and keeps the shared-memory sums exactly
+    when every model-parallel group is on one host."""
+    c = request.getfixturevalue(shape)
+    if config == "default":
+        ref, header = one_host[1], one_host[2]
+        args = [*RUN, "--set", "checkpoint.enabled=false"]
+    else:
+        d, proc = made_once(tmp_path_factory, f"cluster-ref-{config}", 8, CONFIGS[config], check=0)
+        ref, header, args = losses(d / "run"), proc.stdout.splitlines()[0], CONFIGS[config]
+    proc = on_cluster(c, 8, args, tmp_path)
+    assert hosts_of_ranks(tmp_path, 8) == [f"node{1 + r // c.slots}" for r in range(8)]
+    assert len(ref) >= 3 and losses(tmp_path / "run") == ref
+    mp = int(re.search(r"model_parallel=(\d+)", header).group(1))
+    on_one_host = c.slots % mp == 0
+    assert header.endswith(f"; {SHARED}")  # one host: every model-parallel group's sums in its shared memory
+    hosts = " + ".join([str(c.slots)] * c.hosts)
+    want = header.replace("dsim: 8 ranks, ", f"dsim: 8 ranks on {c.hosts} hosts ({hosts}), ")
+    if not on_one_host:  # a model-parallel group over two hosts sums through MPI
+        want = want.removesuffix(f"; {SHARED}")
+    assert proc.stdout.splitlines()[0] == want, (proc.stdout.splitlines()[0], want)
 
 
 def test_node_local_checkpoints_one_disk_replaced_resume_bit_identical(cluster, one_host, tmp_path):

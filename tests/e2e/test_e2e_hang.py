@@ -16,6 +16,14 @@ from ftjob import LAYOUTS, LOSS, OPTS, error_lines, events, fault, final_state_e
 pytestmark = pytest.mark.e2e
 TIMEOUT = 3
 WATCH = ["--set", f"tft.hang_timeout={TIMEOUT}"]
+
+
+def killed_after_its_stall(stuck: dict, hang: dict) -> None:
+    """Killed once its own measure of its stall, beaten every heartbeat, is past the timeout. The stall runs from
+    the rank's last progress mark, a moment before its fault line was written: measured from that line the kill
+    may come a little under the timeout (2.99 s for 3 in one CI run), never well under it nor long after."""
+    assert hang["frozen_for"] > TIMEOUT, (stuck, hang)
+    assert TIMEOUT - 0.5 < hang["time"] - stuck["time"] < TIMEOUT + 10, (stuck, hang)
 # the deadlock tests: past 6 s of waiting by all; after the break 7 or 8 ranks write their last gasp at once, whose
 # fsyncs two loaded CI workers stretched past 3 s once (rank 0 judged stuck in its last-gasp save, as it would be)
 BREAK = ["--set", "tft.hang_timeout=5", "--set", "tft.deadlock_timeout=6"]
@@ -252,8 +260,7 @@ def test_a_stuck_rank_is_killed_then_the_last_gasp_is_saved(ft_reference, tmp_pa
     assert (stuck["kind"], stuck["rank"], stuck["global_step"]) == ("stuck", 5, 13)
     assert (hang["rank"], hang["how"], hang["global_step"], hang["timeout"], hang["work"]) == (
         5, "stuck", 13, TIMEOUT, work)
-    # killed once its own measure of its stall, beaten every HEARTBEAT, is past the timeout
-    assert hang["frozen_for"] > TIMEOUT and TIMEOUT <= hang["time"] - stuck["time"] < TIMEOUT + 10, (stuck, hang)
+    killed_after_its_stall(stuck, hang)
     errors = error_lines(crash)
     assert len(errors) == 1 and errors[0].startswith(
         f"dsim: error: rank(s) 5 failed; last-gasp checkpoint ttp-2_{saved - 10} (global step {saved}) committed"), \
@@ -284,7 +291,7 @@ def test_a_rank_stuck_in_its_save_is_killed_then_the_last_gasp_and_the_resume_ar
     stuck, = events(tmp_path, "fault")
     hang, = events(tmp_path, "hang")
     assert (hang["rank"], hang["how"], hang["work"], hang["global_step"]) == (5, "stuck", "save", step)
-    assert TIMEOUT <= hang["time"] - stuck["time"] < TIMEOUT + 10, (stuck, hang)
+    killed_after_its_stall(stuck, hang)
     assert not events(tmp_path, "checkpoint_committed")  # the save never committed; the last gasp saved its step
     errors = error_lines(crash)
     assert len(errors) == 1 and errors[0].startswith(

@@ -39,11 +39,10 @@ def same_state(ref_dir, ref_name, dir_, name):
             assert np.array_equal(a[key], b[key]), (rank, key)
 
 
-def test_lenet5_fault_recovery_page(tmp_path):
-    (tmp_path / "ref").mkdir()
-    (tmp_path / "job").mkdir()
-    ref = mpirun(8, LENET, cwd=tmp_path / "ref", check=0)
+def test_lenet5_fault_recovery_page(lenet_reference, tmp_path):
+    ref_losses, ref_ckpt = lenet_reference  # (conftest's: the uninterrupted run of LENET, shared with test_e2e_examples)
     job = tmp_path / "job"
+    job.mkdir()
     crash = mpirun(8, [*LENET, "--set", "fault.kind=exception"], cwd=job)
     assert crash.returncode != 0 and "Some errors happen." in crash.stderr
     ckpt = job / "run" / "checkpoints"
@@ -56,9 +55,8 @@ def test_lenet5_fault_recovery_page(tmp_path):
     assert "resumed from run/checkpoints/rank_0/lenet-6_2.h5 (global step 12: epoch 7 step 0)" in resumed.stdout
     assert sorted(p.name for p in ckpt.glob("lenet_1*")) == sorted(
         [f"lenet_1-{e}_2.{x}" for e in range(7, 11) for x in ("commit", "digests")] + ["lenet_1-graph.meta"])
-    ref_losses = LOSS.findall(ref.stdout)
     assert len(ref_losses) == 20 and LOSS.findall(resumed.stdout) == ref_losses[12:]
-    same_state(tmp_path / "ref" / "run" / "checkpoints", "lenet-10_2", ckpt, "lenet_1-10_2")
+    same_state(ref_ckpt, "lenet-10_2", ckpt, "lenet_1-10_2")
 
 
 @pytest.fixture(scope="module")
@@ -147,31 +145,32 @@ def test_transformer_uce_is_repaired_in_place(transformer_reference, tmp_path):
 
 PIPELINED = ["-m", "dsim.train", "--config", str(ROOT / "configs" / "transformer_pipeline.yaml"),
              *[a for kv in ("model.transformer.vocab_size=256", "model.transformer.d_model=32", "data.num_samples=160",
-                            "checkpoint.save_checkpoint_steps=7", "output.dir=run") for a in ("--set", kv)]]
+                            "train.epochs=2", "checkpoint.save_checkpoint_steps=7", "output.dir=run")
+               for a in ("--set", kv)]]  # 2 epochs of 5 steps: saves at steps 7 and 10
 
 
 def test_transformer_pipeline_uces_in_both_stages_are_repaired_in_place(tmp_path):
     """The sample's pipeline (configs/transformer_pipeline.yaml: 2 stages of dp2 x mp2, 4 micro-batches, 1F1B;
-    small sizes): a UCE on rank 1 (stage 0, the embeddings and encoder) at step 4 and one on rank 6 (stage 1, the
-    decoder and the head) at step 12, each in a forward pass. Each takes the buffers hit from its stage's replica;
+    small sizes, 10 steps): a UCE on rank 1 (stage 0, the embeddings and encoder) at step 4 and one on rank 6 (stage
+    1, the decoder and the head) at step 8, each in a forward pass. Each takes the buffers hit from its stage's replica;
     nobody else stops, nothing is redone, and every loss and every rank's final state equal the uninterrupted
     run's. (The replica reached in the dp gradient sum after the last stage's token count: test_in_place_mpi.)"""
     (tmp_path / "ref").mkdir()
     ref = mpirun(8, PIPELINED, cwd=tmp_path / "ref", check=0)
     assert "pipeline_stage=2 micro_batch_num=4 (1f1b); transformer encoder 2 x decoder 2, d_model 32" in ref.stdout
     ref_losses = LOSS.findall(ref.stdout)
-    assert len(ref_losses) == 20
+    assert len(ref_losses) == 10
     job = tmp_path / "job"
     job.mkdir()
     proc = mpirun(8, [*PIPELINED, "--set", "tft.uce=true", "--set", "fault.kind=uce", "--set", "fault.rank=[1,6]",
-                      "--set", "fault.at=forward", "--set", "fault.step=[4,12]"], cwd=job, check=0, ft=True)
-    for rank, donor, step in [(1, 3, 4), (6, 4, 12)]:
+                      "--set", "fault.at=forward", "--set", "fault.step=[4,8]"], cwd=job, check=0, ft=True)
+    for rank, donor, step in [(1, 3, 4), (6, 4, 8)]:
         assert (f"dsim: uce: rank(s) {rank} had an uncorrectable memory error (UCE); repaired in place: rank {rank} "
                 f"from rank {donor} (group info {sorted([rank, donor])}) while the other ranks went on; the forward "
                 f"of step {step} goes on") in proc.stdout, proc.stdout
     assert "repaired in the job" not in proc.stdout
     assert LOSS.findall(proc.stdout) == ref_losses
-    same_state(tmp_path / "ref" / "run" / "checkpoints", "test-4_5", job / "run" / "checkpoints", "test-4_5")
+    same_state(tmp_path / "ref" / "run" / "checkpoints", "test-2_5", job / "run" / "checkpoints", "test-2_5")
 
 
 # the last case (a config error, refused by every rank alike before MPI is used) runs without mpirun; the first

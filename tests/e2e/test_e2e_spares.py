@@ -34,12 +34,15 @@ def test_kill_is_healed_by_a_warm_spare(ft_reference, tmp_path):
     out = proc.stdout
     assert out.splitlines()[0].endswith("; 1 warm spare(s)"), out
     # rank 3 from its replica (another rank may be repaired too, when the kill reached it inside step 13's
-    # all-gather: seen in CI for the spawned replacement, test_e2e_inprocess)
+    # all-gather: seen in CI for the spawned replacement, test_e2e_inprocess). Training goes on after step 13, or
+    # after 12 when rank 7, rank 3's replica, was itself still inside step 13's update (its optimizer-shard
+    # all-gather with rank 3) and held step 12 only (seen in CI): step 13 is then trained again, its loss the same
     line = next(x for x in out.splitlines() if x.startswith("dsim: heal: rank(s) 3 died; repaired in the job: "))
-    assert "rank 3 from rank 7 (group info [3, 7])" in line and (
-        "; world size back to 8 (rank(s) 3 taken by a warm spare, 0 left); training goes on after step 13") in line, line
-    assert re.search(r"dsim: heal: step 14 finished \d+ ms after the fault", out), out
-    assert LOSS.findall(out) == ref_losses
+    after = int(re.search(r"training goes on after step (\d+)", line).group(1))
+    assert after in (12, 13) and "rank 3 from rank 7 (group info [3, 7])" in line and (
+        "; world size back to 8 (rank(s) 3 taken by a warm spare, 0 left); training goes on after step") in line, line
+    assert re.search(rf"dsim: heal: step {after + 1} finished \d+ ms after the fault", out), out
+    assert list(dict.fromkeys(LOSS.findall(out))) == ref_losses  # (a step printed again: the same line)
     final_state_equal(ref_ckpt, tmp_path / "run" / "checkpoints", "network-2_10")
     heal, = events(tmp_path, "heal")
     assert (heal["failed"], heal["by_spare"], heal["spawned"], heal["spares_left"]) == ([3], [3], [], 0)

@@ -31,13 +31,16 @@ def test_train_prints_mindspore_loss_lines_and_loss_falls(tmp_path):
     assert losses(tmp_path / "run") == pytest.approx(values, abs=1e-6)
 
 
-def test_two_runs_are_bit_identical(tmp_path):
-    args = ["-m", "dsim.train", *SMALL, "--set", "parallel.optimizer_shard=2", "--set", "optimizer.name=adam",
-            "--set", "optimizer.learning_rate=0.002", "--set", "train.epochs=1"]
-    for name in ("a", "b"):
-        mpirun(8, [*args, "--set", f"output.dir={name}"], cwd=tmp_path, check=0)
-    a, b = losses(tmp_path / "a"), losses(tmp_path / "b")
-    assert len(a) == 30 and a == b  # exact floats from JSON
+def test_two_runs_are_bit_identical(ft_reference, tmp_path):
+    """The same job twice: the fault-tolerance tests' uninterrupted run on dp2 x mp4 with optimizer shard 2 (Adam,
+    made once for the session), and the same command again here. Every loss (exact floats from metrics.jsonl) and
+    every rank's final parameters and Adam moments are the same, bit for bit."""
+    from ftjob import LAYOUTS, OPTS, final_state_equal
+    _, ckpt = ft_reference("dp2xmp4k2")
+    mpirun(8, ["-m", "dsim.train", *OPTS, *LAYOUTS["dp2xmp4k2"]], cwd=tmp_path, check=0)
+    a, b = losses(ckpt.parent), losses(tmp_path / "run")
+    assert len(a) == 20 and a == b  # exact floats from JSON
+    final_state_equal(ckpt, tmp_path / "run" / "checkpoints", name="network-2_10")
 
 
 def test_default_config_runs_as_typed(tmp_path):

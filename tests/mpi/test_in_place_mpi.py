@@ -89,16 +89,16 @@ def test_a_replica_waiting_in_the_gradient_sum_answers_though_a_sum_came_before_
     comm = MPI.COMM_WORLD.Dup()
     run = trained(comm)
     dp, in_place = run.groups.dp, InPlace(run, lambda t: None)
-    groups.watch(run.groups.world, in_place.serve, dp)   # as at the start of every fault-tolerant step
+    run.runtime.watch(run.groups.world, in_place.serve, dp)  # as at the start of every fault-tolerant step
     try:
-        with groups.before_forward():                     # as dsim.parallel.pipeline does around that sum
+        with run.runtime.before_forward():                # as dsim.parallel.pipeline does around that sum
             tokens = groups.allreduce_sum(dp, np.ones(1))
         repaired = None
         if comm.rank == DAMAGED:                          # its replica, rank 7, goes on into the gradient sum
             repaired = in_place.repair(UCEError(DAMAGED, "in a test", corrupt(run.optimizer, DAMAGED)), "forward")
         grads = groups.allreduce_sum(dp, np.full(5, float(comm.rank)))
     finally:
-        groups.watch(None)
+        run.runtime.watch(None)
     expected = sum(dp.allgather(comm.rank))
     ok = tokens[0] == 2 and grads[0] == expected
     if comm.rank == DAMAGED:

@@ -222,17 +222,18 @@ def test_a_signal_stops_training_after_the_step_it_came_in(context):
     # a warm spare holds the notice (mpirun passes it to every process): it lives, and should it take a place,
     # its StopOnSignal starts from it
     from dsim.ft import preemption
+    from dsim.runtime import PROCESS
     try:
         preemption.hold_signals()
         os.kill(os.getpid(), signal.SIGUSR2)
-        assert preemption._held == signal.SIGUSR2
+        assert PROCESS.held_signal == signal.SIGUSR2
         held = StopOnSignal()
         held.begin(None)
         assert held.received == signal.SIGUSR2 and signal.getsignal(signal.SIGUSR2) == held._note
     finally:
         for s in preemption.SIGNALS:
             signal.signal(s, signal.SIG_DFL)
-        preemption._held = 0
+        PROCESS.held_signal = 0
     with pytest.raises(ConfigError, match="checkpoint.save_on_signal saves the step training stops at: it needs "
                                           "checkpoint.enabled"):
         dsim.config.load_config(None, ["checkpoint.save_on_signal=true", "checkpoint.enabled=false"])

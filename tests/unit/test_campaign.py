@@ -101,6 +101,45 @@ def test_a_node_failure_kills_every_rank_of_the_victims_node_at_once(tmp_path):
             p.wait()
 
 
+HOST_VICTIM = """
+import sys, types
+from dsim.faults import FaultPlan
+from dsim.parallel.hosts import Hosts
+plan = FaultPlan.load(sys.argv[1], int(sys.argv[2]), 4)
+hosts = Hosts(("node1", "node1", "node2", "node2"))
+injector = types.SimpleNamespace(optimizer=None, model=types.SimpleNamespace(groups=types.SimpleNamespace(hosts=hosts)))
+assert plan.strikes_at("save") and not plan.strikes_at("commit")
+plan.strike("forward", 5, injector)  # not this entry's point: nothing
+plan.strike("save", 5, injector)     # a host crash: the daemon, the host's other rank, then this process
+print("survived")
+"""
+
+
+def test_a_host_failure_kills_the_hosts_daemon_and_its_ranks(tmp_path):
+    """A plan's `host` entry (dsim.faults.plan.crash_host): the victim SIGKILLs its parent when it is Open MPI's daemon
+    (a process named prted), the other ranks MPI found on its host (rank 2's mate, rank 3), then itself; a rank of
+    another host lives. Its point may be a save's (PLAN_AT)."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"faults": [{"rank": 2, "kind": "host", "at": "save", "step": 4}]}))
+    daemon = tmp_path / "prted"  # a script's process is named after its file: the victim's parent is "prted"
+    daemon.write_text(f'#!/bin/sh\n"{sys.executable}" -c "$1" "$2" 2 > "$3"\nsleep 60\n')
+    daemon.chmod(0o755)
+    mates = {r: subprocess.Popen([sys.executable, "-c", MATE, str(path), str(r), "4"], stdout=subprocess.PIPE,
+                                 text=True) for r in (1, 3)}  # rank 1 on node1, rank 3 on node2 with the victim
+    try:
+        assert all(p.stdout.readline().strip() == "up" for p in mates.values())
+        parent = subprocess.Popen([str(daemon), HOST_VICTIM, str(path), str(tmp_path / "victim.out")])
+        assert parent.wait(timeout=60) == -signal.SIGKILL  # the "daemon", killed before it could sleep out its 60 s
+        assert mates[3].wait(timeout=10) == -signal.SIGKILL and mates[1].poll() is None
+        out = (tmp_path / "victim.out").read_text()
+        assert "host node2 crashes (Open MPI's daemon there, prted pid" in out and "ranks 2-3)" in out, out
+        assert "during the save of step 5" in out and "survived" not in out, out
+    finally:
+        for p in mates.values():
+            p.kill()
+            p.wait()
+
+
 def test_a_node_failure_kills_only_the_processes_registered_now(tmp_path):
     from dsim.faults import kill_registered, node_of, register
     path = plan_file(tmp_path, [])
@@ -191,9 +230,10 @@ def test_fault_kind_plan_needs_the_plan_file(tmp_path, monkeypatch):
      "entry 0 (.*): slowdown must be a number > 1 .* got 'fast'"),
     ('{"faults": [{"rank": 1, "kind": "slow", "at": "forward", "slowdown": 1}]}', "slowdown must be a number > 1"),
     ('{"faults": [{"rank": 0, "kind": "kill", "at": "forward"}, {"rank": 1, "kind": "kil", "at": "forward"}]}',
-     "entry 1 .*kind must be one of kill, uce, corrupt, node, hang, stuck, deadlock, unmatched, sdc, slow, got 'kil'"),
+     "entry 1 .*kind must be one of kill, uce, corrupt, node, host, hang, stuck, deadlock, unmatched, sdc, slow, got "
+     "'kil'"),
     ('{"faults": [{"rank": -1, "kind": "kill", "at": "forward"}]}', r"rank must be a rank \(>= 0\), got -1"),
-    ('{"faults": [{"rank": 1, "kind": "kill", "at": "step_end"}]}', "at must be one of forward, allreduce, update"),
+    ('{"faults": [{"rank": 1, "kind": "kill", "at": "step_end"}]}', "at must be one of forward, allreduce, update, save, commit"),
     ('{"faults": [{"rank": 1, "kind": "kill", "at": "update", "step": 0}]}', "step must be a step"),
     ('{"faults": [{"rank": 1, "kind": "kill", "at": "update", "time": "now"}]}', "time must be Unix seconds"),
     ('{"faults": [{"rank": 1, "kind": "node", "at": "update"}]}', "a node failure needs node_size"),
@@ -715,3 +755,185 @@ def test_the_what_if_takes_the_recoveries_of_rank_failures_not_of_rollbacks():
                 {"kind": "kill", "recovered": True, "recovery_s": 5.0}]}]
     got = what_if(rows, {"save_s": 0.5}, 365 * 86400, [])
     assert got["costs"]["periodic"] == {"save_s": 0.5, "down_s": 5.0}
+
+
+# --- on real hosts (--cluster HxS) and the peer scheme ---
+
+from dsim.campaign import hosts  # noqa: E402
+
+
+def test_a_cluster_is_hosts_x_slots():
+    assert hosts.parse_shape("4x2") == (4, 2) and hosts.parse_shape(" 2 x 4 ") == (2, 4)
+    for bad in ("4", "4x", "x2", "0x2", "4x0", "4*2", "four x two"):
+        with pytest.raises(ValueError, match="is not HOSTSxSLOTS"):
+            hosts.parse_shape(bad)
+
+
+def test_the_hostfile_of_the_hosts_left_fits_every_rank():
+    assert hosts.hostfile_text([1, 2, 3, 4], 8, 2) == "node1 slots=2\nnode2 slots=2\nnode3 slots=2\nnode4 slots=2\n"
+    # node3 crashed: 8 ranks on 3 hosts, 3 slots each, node1's filled first (--map-by slot)
+    assert hosts.hostfile_text([1, 2, 4], 8, 2) == "node1 slots=3\nnode2 slots=3\nnode4 slots=3\n"
+    assert hosts.placement([1, 2, 4], 8, 2) == {0: 1, 1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 4, 7: 4}
+    # 2 hosts x 4, node2 crashed: every rank on node1; the spares' own host stays as it was
+    assert hosts.hostfile_text([1], 8, 4, spares=2, spares_host=3) == "node1 slots=8\nnode3 slots=2\n"
+    assert set(hosts.placement([1], 8, 4).values()) == {1}
+    # fewer ranks than slots: the hosts keep their slots
+    assert hosts.placement([1, 2], 6, 4) == {0: 1, 1: 1, 2: 1, 3: 1, 4: 2, 5: 2}
+
+
+@pytest.mark.parametrize("n, slots", [(2, 4), (4, 2), (3, 3), (5, 1)])
+def test_a_host_crash_never_strikes_node1_and_strikes_its_host_wherever_it_is_up(n, slots):
+    ranks = n * slots
+    for rank in range(ranks):
+        host = hosts.target_host(rank, n, slots)
+        assert 2 <= host <= n
+        if rank // slots + 1 != 1:
+            assert host == rank // slots + 1  # the drawn rank's own host
+        every = list(range(1, n + 1))
+        for up in [every] + [[h for h in every if h != x] for x in every[1:]]:
+            victim = hosts.aimed_rank(host, up, ranks, slots)
+            on = hosts.placement(up, ranks, slots)[victim]
+            if len(set(hosts.placement(up, ranks, slots).values())) > 1:
+                assert on != 1 and (on == host or host not in hosts.placement(up, ranks, slots).values())
+                assert victim == min(r for r, h in hosts.placement(up, ranks, slots).items() if h == on)
+            else:
+                assert victim == ranks - 1  # node1 alone: a host failure on one host kills that rank alone
+
+
+def test_on_a_cluster_a_node_failure_is_a_host_crash_and_the_host_mtbf_crashes_hosts():
+    drawn = failures.draw(5, 10.0, 300.0, ["kill", "node"], 8)
+    plain = hosts.on_cluster(drawn, 5, None, 300.0, 4, 2)
+    assert [(f.offset, f.rank, f.at) for f in plain] == [(f.offset, f.rank, f.at) for f in drawn]
+    assert [f.kind for f in plain] == [{"node": "host"}.get(f.kind, f.kind) for f in drawn]
+    assert "node" in {f.kind for f in drawn} and failures.draw(5, 10.0, 300.0, ["kill", "node"], 8) == drawn
+    crashes = hosts.draw_host_crashes(5, 60.0, 6000.0, 4, 2)
+    assert crashes == hosts.draw_host_crashes(5, 60.0, 6000.0, 4, 2)
+    assert {f.kind for f in crashes} == {"host"} and {f.rank // 2 + 1 for f in crashes} == {2, 3, 4}
+    assert 200 < len(crashes) < 400  # 3 hosts crashing every 60 s each in 6,000 s: about 300
+    both = hosts.on_cluster(drawn, 5, 60.0, 300.0, 4, 2)
+    assert [f.offset for f in both] == sorted(f.offset for f in both) and len(both) > len(drawn)
+    assert hosts.draw_host_crashes(5, 60.0, 300.0, 1, 8) == []  # no host but node1
+
+
+class FakeCluster:
+    """What CampaignCluster uses of dsim.cluster.Cluster, recorded."""
+    name, disk_path = "camp1", "/var/tmp/dsim-node"
+
+    def __init__(self, tmp_path, n):
+        self.tmp, self.killed, self.replaced, self.keepers = tmp_path, [], [], {h: 1000 + h for h in range(1, n + 1)}
+
+    def hostname(self, h):
+        return f"node{h}"
+
+    def env(self):
+        return {"PRTE_MCA_plm_ssh_agent": "agent", "HOSTFILE": "all"}
+
+    def processes(self, h):
+        return [self.keepers[h]] + ([4242] if h == 3 else [])  # something left on node3
+
+    def kill_host(self, h):
+        self.killed.append(h)
+        return [4242] if h == 3 else []
+
+    def replace_disk(self, h):
+        self.replaced.append(h)
+
+    def disk(self, h):
+        return self.tmp / f"node{h}"
+
+
+def test_after_a_host_crash_the_restart_runs_on_the_hosts_left_and_the_replaced_host_comes_back(tmp_path):
+    fake = FakeCluster(tmp_path, 4)
+    c = hosts.CampaignCluster(fake, 4, 2, 8)
+    env, up = c.start(tmp_path, 0)
+    assert up == [1, 2, 3, 4] and env["HOSTFILE"] == str(tmp_path / "hostfile-0")
+    plan = [failures.Failure(3.0, 5, "host", "forward"), failures.Failure(4.0, 1, "kill", "update")]
+    assert [f.rank for f in c.aim(plan, up)] == [4, 1]  # node3's first rank; a kill stays where it was drawn
+    job = {"started": 0.0, "ended": 9.0, "hosts": [c.name(h) for h in up]}
+    c.after_job([{"index": 0, "kind": "host", "rank": 4}, {"index": 1, "kind": "kill", "rank": 1}], job)
+    assert fake.replaced == [3] and job["crashed"] == ["node3"] and job["left_running"] == {}
+    env, up = c.start(tmp_path, 1)
+    assert up == [1, 2, 4] and (tmp_path / "hostfile-1").read_text() == "node1 slots=3\nnode2 slots=3\nnode4 slots=3\n"
+    assert [f.rank for f in c.aim(plan, up)] == [6, 1]  # node3 out: the next host up, node4 (ranks 6, 7)
+    job = {"started": 10.0, "ended": 20.0, "hosts": [c.name(h) for h in up]}
+    c.after_job([{"index": 0, "kind": "host", "rank": 4}, {"index": 1, "kind": "kill", "rank": 1}], job)
+    assert fake.replaced == [3] and job["crashed"] == []  # (entry 0 was met in the job before)
+    assert job["left_running"] == {"node3": 1}
+    assert c.start(tmp_path, 2)[1] == [1, 2, 3, 4]  # the replaced machine is back
+    # a host failure that struck node1 (only node1 left) crashes nothing: mpirun's own host
+    job = {"started": 30.0, "ended": 40.0, "hosts": ["node1"]}
+    c.after_job([{"index": 2, "kind": "host", "rank": 7}], job)
+    assert job["crashed"] == [] and 1 not in fake.replaced
+
+
+def test_each_failure_names_its_host_and_the_hosts_its_restart_ran_on():
+    jobs = [{"started": 0.0, "hosts": ["node1", "node2", "node3", "node4"]},
+            {"started": 10.0, "hosts": ["node1", "node2", "node4"]},
+            {"started": 20.0, "hosts": ["node1", "node2", "node3", "node4"]}]
+    recs = [{"time": 5.0, "rank": 5, "how": "restart"}, {"time": 15.0, "rank": 5, "how": "restart"},
+            {"time": 25.0, "rank": 0, "how": None}]
+    hosts.annotate(recs, jobs, 8, 2)
+    assert [(r["host"], r["restart_hosts"]) for r in recs] == [
+        ("node3", ["node1", "node2", "node4"]), ("node2", ["node1", "node2", "node3", "node4"]), ("node1", None)]
+
+
+def test_the_peer_scheme():
+    peer = strategies.STRATEGIES["peer"]
+    assert peer.settings == ("tft.ttp=true", f"tft.peer_copy_every={strategies.PEER_COPY_EVERY}")
+    assert peer.exact and not peer.spares and peer.needs.startswith("tft.peer_copy_every")
+    assert strategies.unavailable(peer, None) is None
+    every3 = strategies.with_peer_copy_every(peer, 3)
+    assert every3.settings == ("tft.ttp=true", "tft.peer_copy_every=3") and "every 3 step(s)" in every3.summary
+    cfg = load_config(None, list(every3.settings))
+    assert cfg.tft.ttp and cfg.tft.peer_copy_every == 3
+    assert strategies.with_peer_copy_every(strategies.STRATEGIES["ttp"], 3) is strategies.STRATEGIES["ttp"]
+    from dsim.campaign.__main__ import parse_args, settings_from
+    s, _ = settings_from(parse_args(["--strategy", "periodic,peer", "--peer-copy-every", "4", "-o", "/nonexistent/x"]))
+    assert [x.settings for x in s.strategies] == [(), ("tft.ttp=true", "tft.peer_copy_every=4")]
+    assert s.peer_copy_every == 4 and s.cluster is None and s.ranks == 8 and s.ranks_per_node == 4
+    s, _ = settings_from(parse_args(["-o", "/nonexistent/x"]))
+    assert s.peer_copy_every is None  # (no peer scheme: the report's settings as before)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--peer-copy-every", "0", "--strategy", "peer"], "--peer-copy-every must be >= 1 step"),
+    (["--cluster", "4y2"], "--cluster: '4y2' is not HOSTSxSLOTS"),
+    (["--cluster", "1x8", "--faults", "node"], "--cluster 1x8: a host crash needs a host other than node1"),
+    (["--cluster", "4x2", "--ranks-per-node", "4"], "--ranks-per-node 4: on a cluster a node is a host"),
+    (["--cluster", "2x4", "--ranks", "16"], "--ranks 16 must fit --cluster 2x4's 8 slots"),
+    (["--host-mtbf", "60s"], "--host-mtbf crashes the hosts of a cluster: it needs --cluster"),
+    (["--cluster", "2x4", "--host-mtbf", "soon"], "--host-mtbf: 'soon' is not a duration"),
+])
+def test_bad_cluster_and_peer_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    assert main([*argv, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dsim: error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_young_daly_on_a_cluster_counts_the_host_crashes():
+    assert hosts.job_mtbf(30.0, None, 4) == 30.0 and hosts.job_mtbf(30.0, 60.0, 1) == 30.0
+    # 3 hosts but node1 crashing every 60 s each, beside rank failures every 30 s: a failure every 12 s
+    assert hosts.job_mtbf(30.0, 60.0, 4) == pytest.approx(12.0)
+
+
+def test_a_resume_that_finds_no_complete_checkpoint_is_told_from_other_bad_input(tmp_path):
+    from dsim.campaign.runner import nothing_to_resume
+    log = tmp_path / "jobs.log"
+    log.write_text("+ bash launch/run_parallel_recover_ckpt.sh\ndsim: error: config: unknown key 'x'\n")
+    start = log.stat().st_size
+    assert not nothing_to_resume(log, 0)
+    with open(log, "a") as f:
+        f.write("+ bash launch/run_parallel_recover_ckpt.sh\ndsim: error: no usable committed checkpoint in "
+                "/var/tmp/dsim-node/peer-every20 (tried network-2_20: ...): no committed checkpoint is complete: none "
+                "to resume from; nothing was written\n")
+    assert nothing_to_resume(log, start) and not nothing_to_resume(log, log.stat().st_size)
+
+
+def test_steps_trained_before_a_start_over_are_not_progress():
+    events = [{"event": "step", "time": float(t), "global_step": t} for t in range(1, 21)]
+    events += [{"event": "train_begin", "time": 30.0, "global_step": 0}, {"event": "step", "time": 40.0, "global_step": 1}]
+    assert analysis.progress(events, 35.0) == 20  # (as before: a restart's steps not redone yet still count)
+    assert analysis.progress(events, 35.0, over=[25.0]) == 0  # started over at 25 s, no step since: none is left
+    assert analysis.progress(events, 50.0, over=[25.0]) == analysis.progress(events, 50.0) == 1
+    assert analysis.progress(events, 20.0, over=[25.0]) == 20

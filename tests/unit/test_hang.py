@@ -17,6 +17,7 @@ from dsim.faults import started
 from dsim.ft.hang import (HangWatch, deadlocked, find_hung, forget_the_dead, heartbeats, killed_since, settled,
                           still_waiting)
 from dsim.parallel import progress
+from dsim.runtime import PROCESS, Runtime
 
 BEATING = """
 import sys, time
@@ -133,6 +134,7 @@ def test_stuck_is_judged_by_the_process_own_measure_of_its_stall(tmp_path):
 
 
 def test_progress_knows_computing_from_waiting():
+    progress = Runtime().progress  # a fresh process's marks
     assert progress.stalled_for(time.monotonic()) is None  # between steps
     with progress.watched():
         t = time.monotonic()
@@ -155,6 +157,7 @@ def test_fetching_a_batch_and_the_callbacks_between_steps_are_watched():
     """A data loader or a callback that never returns leaves its rank outside every collective while the others
     wait for it in the next step's: it must be work watched, or the watch cannot tell it from a healthy rank."""
     from dsim.engine.model import _call
+    progress = PROCESS.progress  # the marks the loop and its callbacks keep (the model's groups' runtime's)
     seen = []
 
     def loader():
@@ -174,7 +177,8 @@ def test_fetching_a_batch_and_the_callbacks_between_steps_are_watched():
         def step_end(self, run_context):
             seen.append(progress.work)
 
-    _call([Callback()], "step_end", None)
+    model = SimpleNamespace(groups=SimpleNamespace(runtime=PROCESS))
+    _call([Callback()], "step_end", SimpleNamespace(original_args=lambda: SimpleNamespace(model=model)))
     assert seen[-1] == "callback" and progress.work is None and progress.began is None
 
 
@@ -290,8 +294,9 @@ def test_a_job_that_went_on_alive_after_a_break_is_ended_at_its_next_deadlock(tm
     watch.dir.mkdir()
     watch.model = type("Model", (), {"groups": object()})()
     assert watch._can_break()
-    monkeypatch.setattr(hang, "_running", watch)
-    hang.went_on_alive()
+    runtime = Runtime()
+    runtime.hang = watch
+    hang.went_on_alive(runtime)
     assert not watch._can_break()
     forget_the_dead(watch.dir)                  # after a repair in the job
     assert not watch._can_break()
@@ -308,20 +313,21 @@ def test_a_break_explains_only_the_failures_noticed_soon_after_it(tmp_path, monk
     import dsim.ft.hang as hang
     watch = HangWatch(3, tmp_path)
     watch.dir.mkdir()
-    monkeypatch.setattr(hang, "_running", watch)
+    monkeypatch.setattr(PROCESS, "hang", watch)  # (broke_deadlock: the process's runtime unless told another)
     assert not hang.broke_deadlock(time.time())
     mark = watch.dir / "killed-deadlock-job"
     mark.touch()
     os.utime(mark, (1000.0, 1000.0))
     assert [hang.broke_deadlock(t) for t in (999.5, 1000.5, 1019.0, 1021.0, 1500.0)] == [True, True, True, False, False]
     assert not hang.broke_deadlock(998.0)   # noticed before the break: another failure
-    monkeypatch.setattr(hang, "_running", None)
+    monkeypatch.setattr(PROCESS, "hang", None)
     assert not hang.broke_deadlock(1000.5)  # no watch in this process
 
 
 def test_a_rank_polling_its_collective_is_still_waiting():
     """With in-place UCE repair a rank polls its collective (check_revoked, a tick each time): still a wait with no
     progress, as a deadlock needs (a campaign's arf job went undetected before); outside waits a tick is progress."""
+    progress = Runtime().progress
     with progress.waiting():
         time.sleep(0.05)
         progress.tick()
@@ -365,9 +371,9 @@ def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
     watch = HangWatch(1.0, tmp_path)
     watch.begin(context(5, 8))
     watch.step_begin(context(5, 8, step=11))  # the step an elastic shrink left it out of: never ended
-    assert hang._running is watch and (tmp_path / "heartbeats" / str(os.getpid())).exists()
+    assert PROCESS.hang is watch and (tmp_path / "heartbeats" / str(os.getpid())).exists()
     hang.leave()
-    assert hang._running is None and not watch._thread.is_alive()
+    assert PROCESS.hang is None and not watch._thread.is_alive()
     assert not (tmp_path / "heartbeats" / str(os.getpid())).exists()
     hang.leave()  # nothing running: nothing to do
 
@@ -430,11 +436,11 @@ def test_a_standby_heartbeat_goes_on_until_the_training_one_begins(tmp_path):
         assert (record["rank"], record["role"], record["world_size"], record["pid"]) == (None, "spare", 8, os.getpid())
         watch = HangWatch(5, tmp_path)
         watch.begin(context(3, 8))
-        assert hang._standby is None and not beat._thread.is_alive() and hang._running is watch
+        assert PROCESS.standby is None and not beat._thread.is_alive() and PROCESS.hang is watch
         record, = heartbeats(tmp_path / "heartbeats")
         assert record["rank"] == 3 and "role" not in record
         watch.end()
-        assert hang._running is None and heartbeats(tmp_path / "heartbeats") == []
+        assert PROCESS.hang is None and heartbeats(tmp_path / "heartbeats") == []
     finally:
         hang.end_standby()
 
@@ -527,7 +533,7 @@ def test_rank_0_judged_a_straggler_says_so_before_it_is_killed(tmp_path):
 
 
 def test_progress_times_a_step_outside_its_waits():
-    progress.recent.clear()
+    progress = Runtime().progress
     before = progress.timed
     with progress.watched("step"):
         time.sleep(0.05)
@@ -540,11 +546,13 @@ def test_progress_times_a_step_outside_its_waits():
 
 
 def test_a_slow_rank_sleeps_what_it_computed_times_the_slowdown_less_one():
+    from dsim.parallel import progress as setting  # (fault.kind slow sets the process's slowdown)
+    progress = Runtime().progress
     progress.tick()
     t = time.monotonic()
     progress.pace()                       # no slow fault: nothing
     assert time.monotonic() - t < 0.05
-    progress.slowdown = 3.0
+    setting.slowdown = 3.0
     try:
         progress.tick()
         time.sleep(0.05)                  # "computing" 50 ms
@@ -556,7 +564,7 @@ def test_a_slow_rank_sleeps_what_it_computed_times_the_slowdown_less_one():
             progress.pace()
             assert time.monotonic() - t < 0.05
     finally:
-        progress.slowdown = 1.0
+        setting.slowdown = 1.0
 
 
 @pytest.mark.parametrize("sets, message", [

@@ -111,3 +111,17 @@ def test_say_and_event_come_from_the_bottom_layer():
 def test_the_cycle_finder_finds_cycles():
     assert cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
     assert cycles({"a": ["b"], "b": []}) == []
+
+
+def test_each_config_section_imports_only_the_bottom_and_its_own_package():
+    """A component's config section (dsim/<package>/config.py) is read before anything runs (dsim.config composes
+    them): it imports of dsim only dsim.section and its own package (a registry's names, at call time), never the
+    composer or another component."""
+    g = graph()
+    sections = [name for name in g if name.startswith("dsim.") and name.endswith(".config") and name != "dsim.config"]
+    assert {"dsim.parallel.config", "dsim.nn.config", "dsim.optim.config", "dsim.data.config", "dsim.engine.config",
+            "dsim.checkpoint.config", "dsim.faults.config", "dsim.ft.config"} <= set(sections)
+    wrong = [f"{name} imports {m} (line {line})" for name in sections for m, _, line in g[name]
+             if m != "dsim.section" and not m.startswith(name.rsplit(".", 1)[0] + ".")]
+    assert wrong == []
+    assert g["dsim.section"] == []  # the bottom: it imports nothing of dsim
