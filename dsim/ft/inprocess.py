@@ -286,14 +286,15 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
     a matched probe (MPI_Mprobe) in mpi4py, whose failure handling in Open MPI's ob1 lags a plain receive's.
     """
     comm, me = groups.world, groups.world.rank
-    requests = []
-    if writers.get(me, me) == me:
+    requests, staged = [], []  # (staged: a non-contiguous array received into a buffer, then copied)
+    writes = writers.get(me, me) == me
+    if writes:
         optimizer.restore(step)
         owned = [arr for _, arr in optimizer.owned_arrays()]
         wanted = np.empty(len(owned), dtype=np.uint8)
         for r, w in sorted(writers.items()):
             if w == me and r != me:
-                comm.Recv(wanted, source=r, tag=TAG - 1)
+                ulfm.complete([comm.Irecv(wanted, source=r, tag=TAG - 1)], comm)
                 for i in np.flatnonzero(wanted):
                     requests.append(comm.Isend(np.ascontiguousarray(owned[i]), dest=r, tag=TAG + int(i)))
     else:
@@ -301,16 +302,18 @@ def exchange(groups, writers: dict, optimizer, step: int) -> None:
         optimizer.reallocate(keep)
         owned = list(optimizer.owned_arrays())
         needed = [(i, arr) for i, (name, arr) in enumerate(owned) if name not in keep]
-        comm.Send(np.array([name not in keep for name, _ in owned], dtype=np.uint8), dest=writers[me], tag=TAG - 1)
+        mask = np.array([name not in keep for name, _ in owned], dtype=np.uint8)
+        requests.append(comm.Isend(mask, dest=writers[me], tag=TAG - 1))
         for i, arr in needed:
-            if arr.flags.c_contiguous:   # straight into the new buffer
-                comm.Recv(arr, source=writers[me], tag=TAG + i)
-            else:
-                buf = np.empty(arr.shape, dtype=arr.dtype)
-                comm.Recv(buf, source=writers[me], tag=TAG + i)
-                arr[...] = buf
+            into = arr if arr.flags.c_contiguous else np.empty(arr.shape, dtype=arr.dtype)
+            requests.append(comm.Irecv(into, source=writers[me], tag=TAG + i))
+            if into is not arr:
+                staged.append((arr, into))
+    ulfm.complete(requests, comm)  # (not blocking calls: ulfm.complete says why)
+    for arr, into in staged:
+        arr[...] = into
+    if not writes:
         optimizer.received(step)
-    MPI.Request.Waitall(requests)
 
 
 def join_spawned(parent, factory):

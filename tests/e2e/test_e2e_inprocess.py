@@ -206,9 +206,10 @@ def test_a_rank_killed_during_the_repair_gives_it_up_on_every_rank_and_the_last_
     assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal") and not events(tmp_path, "recovered")
     assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back to "
             "the last-gasp checkpoint") in crash.stderr, crash.stderr
-    error, = error_lines(crash)
-    assert crash.returncode == 1 and error.startswith(
-        "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+    errors = error_lines(crash)
+    assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), \
+        (crash.returncode, crash.stdout, crash.stderr)
     assert "internal error" not in crash.stderr and "Traceback" not in crash.stderr, crash.stderr
     fired = [(e["rank"], e["at"]) for e in events(tmp_path, "fault")]
     assert fired == [(3, "forward"), (1, "repair_exchange")]
