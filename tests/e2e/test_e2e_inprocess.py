@@ -204,12 +204,19 @@ def test_a_rank_killed_during_the_repair_gives_it_up_on_every_rank_and_the_last_
     assert ("dsim: fault: killing rank 1 (SIGKILL) during the repair in the job, before the state is exchanged "
             "(training to go on after step 12)") in crash.stdout, crash.stdout
     assert "dsim: heal:" not in crash.stdout and not events(tmp_path, "heal") and not events(tmp_path, "recovered")
-    assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back to "
-            "the last-gasp checkpoint") in crash.stderr, crash.stderr
-    errors = error_lines(crash)
-    assert crash.returncode == 1 and len(errors) == 1 and errors[0].startswith(
-        "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), \
-        (crash.returncode, crash.stdout, crash.stderr)
+    gave_up = [(e["reason"], e["died_during"]) for e in events(tmp_path, "no_repair")]
+    assert gave_up == [("rank(s) 3 died; rank(s) 1 died during the repair", [1])], (gave_up, crash.stderr)
+    gasp = [(e["failed"], e["global_step"], e["checkpoint"]) for e in events(tmp_path, "last_gasp_saved")]
+    assert gasp == [([1, 3], 12, "ttp-2_2")] and crash.returncode == 1, (gasp, crash.returncode, crash.stderr)
+    # The lines rank 0 prints, unless mpirun lost every line of the ranks' stderr: in 3 jobs of some 100 it printed
+    # only its own (libevent's "[warn] Epoll ADD(4) on fd 22 failed ... Bad file descriptor"), the events above
+    # written, the last gasp committed (an Open MPI launcher fault in a job whose spawned process left)
+    if any(x.startswith("dsim:") for x in crash.stderr.splitlines()):
+        assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back "
+                "to the last-gasp checkpoint") in crash.stderr, crash.stderr
+        errors = error_lines(crash)
+        assert len(errors) == 1 and errors[0].startswith(
+            "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
     assert "internal error" not in crash.stderr and "Traceback" not in crash.stderr, crash.stderr
     fired = [(e["rank"], e["at"]) for e in events(tmp_path, "fault")]
     assert fired == [(3, "forward"), (1, "repair_exchange")]
