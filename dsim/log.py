@@ -8,11 +8,14 @@ writes metrics.jsonl at its begin and detaches it at its end, so no state of dsi
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 EVENTS = logging.getLogger("dsim.events")
 EVENTS.propagate = False  # events are records for metrics.jsonl, not lines for the terminal
 EVENTS.setLevel(logging.INFO)
+# Set by dsim/ft/launcher.py for the job it runs: a file where the lines that tell how the job ended are kept too
+TOLD = "DSIM_TOLD"
 
 
 def say(message: str) -> None:
@@ -23,6 +26,25 @@ def say(message: str) -> None:
     else:
         print(message, file=sys.stdout)
     sys.stdout.flush()
+
+
+def tell(line: str) -> None:
+    """Print a line on stderr that tells how the job ended (its last gasp, the repair given up, a rank's error), and
+    keep it in the launcher's file (TOLD), from which the launcher prints what mpirun did not pass on: Open MPI's
+    launcher now and then closes a rank's stderr in a job whose spawned processes died (dsim/ft/launcher.py). Kept
+    first, then printed: a closed stderr (EPIPE) is sent to /dev/null, so that no later line, nor the flush at exit,
+    fails. Without the launcher, or on a host whose disk does not have its file, just printed."""
+    path = os.environ.get(TOLD)
+    if path:
+        try:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:  # as Python's documentation of SIGPIPE advises
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 def event(name: str, any_rank: bool = False, **fields) -> None:

@@ -23,6 +23,13 @@ and leaves its own host's ranks running, their MPI calls crashing (docs/design/n
 it (lost_hosts), waits LOST_WAIT seconds for the ranks left to end (they end with their launcher: dsim.guard),
 kills any still there, says which host was lost in one line and exits 1, never 0.
 
+And **lost lines**: in a job whose spawned processes died (a repair in the job with tft.arf, the newcomer killed),
+prterun now and then closes a rank's stderr (its next line fails with EPIPE) or passes on none of what it wrote
+(a few jobs in a hundred of such tests; it may print libevent's "[warn] Epoll ADD(4) on fd 22 failed"). The lines
+that tell how a job ended (dsim.log.tell: the last gasp, a repair given up, a rank's error) are first kept in a file
+of the launcher's (TOLD, named to the ranks in their environment); after mpirun has ended, those it did not pass on
+are printed, after a note (repeat_lost).
+
 And a job must not outlive its launcher: mpirun dies with this process (ends_with), and this process stops the job
 when its own caller ends (waited); the ranks end when mpirun does (dsim.guard.end_with_launcher).
 
@@ -38,6 +45,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,6 +64,7 @@ LOST_DAEMON = {
     "PRTE has lost communication with a remote daemon": re.compile(r"^\s*Remote daemon:.* on node (\S+)\s*$", re.M),
     "A daemon failed to report back": re.compile(r"^\s*Remote host:\s*(\S+)\s*$", re.M)}
 LOST_WAIT = 10.0  # seconds the ranks left on this host after a lost host may take to end before they are killed
+TOLD = "DSIM_TOLD"  # the variable naming the file where ranks keep the lines that tell how the job ended (dsim.log)
 
 
 def failed_to_start(returncode: int, output: str, ranks_ran: bool = False) -> bool:
@@ -337,13 +346,26 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
     mpirun; SIGUSR1 and SIGUSR2 to mpirun as they are, which passes them on to every rank.
     """
     caller = os.getppid()
+    told = tempfile.NamedTemporaryFile(prefix="dsim-told-", suffix=".txt", delete=False)
+    told.close()
+    try:
+        return _run(cmd, timeout, tries, caller, told.name)
+    finally:
+        os.unlink(told.name)
+
+
+def _run(cmd: list[str], timeout: float | None, tries: int, caller: int, told: str) -> int:
     for attempt in range(1, tries + 1):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()))
+        Path(told).write_bytes(b"")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()),
+                                env={**os.environ, TOLD: told})
         head = bytearray()  # the first of what it printed on stderr: a failed start says so at once
         tail = bytearray()  # and the last: an abort at its end says so last
         out_tail = bytearray()  # the last on stdout: a lost daemon's message (lost_hosts)
+        passed = set()  # the lines of dsim's it passed on on stderr (from "dsim: " on: with --output tag too)
 
-        def relay(pipe, to, tail, head=None):
+        def relay(pipe, to, tail, head=None, passed=None):
+            line = bytearray()
             for chunk in iter(lambda: pipe.read1(65536), b""):
                 to.write(chunk)
                 to.flush()
@@ -351,8 +373,12 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
                     head.extend(chunk)
                 tail.extend(chunk)
                 del tail[:-4096]
+                if passed is not None:
+                    *ended, rest = bytes(line + chunk).split(b"\n")
+                    passed.update(x[x.find(b"dsim: "):] for x in ended if b"dsim: " in x)  # tagged too
+                    line[:] = rest[-65536:]
         relayed = [threading.Thread(target=relay, args=args, daemon=True) for args in
-                   ((proc.stderr, sys.stderr.buffer, tail, head), (proc.stdout, sys.stdout.buffer, out_tail))]
+                   ((proc.stderr, sys.stderr.buffer, tail, head, passed), (proc.stdout, sys.stdout.buffer, out_tail))]
         for thread in relayed:
             thread.start()
         # SIGINT as SIGTERM (started in the background of a script, mpirun ignores SIGINT); SIGTERM to the ranks
@@ -380,6 +406,7 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         left = [r for r in watch.ranks if alive(r)]  # a rank outliving mpirun: its job was ended under it
         for thread in relayed:
             thread.join(timeout=5)
+        repeat_lost(told, passed)
         lost = lost_hosts(out_tail.decode(errors="replace") + tail.decode(errors="replace"), bool(watch.ranks))
         if how == "ended" and lost is not None:
             return host_lost(lost, left, proc.returncode, after_line=tail.endswith(b"\n") or not tail)
@@ -405,6 +432,20 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
               f"({attempt + 1} of {tries})", file=sys.stderr)
         time.sleep(1)
     raise AssertionError("unreachable")
+
+
+def repeat_lost(told: str, passed: set) -> None:
+    """Print the lines the ranks told (dsim.log.tell, kept in the file `told`) that mpirun did not pass on (`passed`
+    holds those it did), after a note saying so."""
+    try:
+        lost = [line for line in Path(told).read_bytes().splitlines() if line not in passed]
+    except OSError:
+        return
+    if lost:
+        print("dsim: note: mpirun did not pass on the last of the ranks' stderr (an Open MPI launcher fault); "
+              "what they told of the job's end:", file=sys.stderr, flush=True)
+        sys.stderr.buffer.write(b"".join(line + b"\n" for line in dict.fromkeys(lost)))
+        sys.stderr.flush()
 
 
 def host_lost(hosts: list[str], left: list[int], returncode: int, after_line: bool = True) -> int:

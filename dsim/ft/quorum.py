@@ -83,12 +83,12 @@ def check(groups, comm, world=None) -> Verdict | None:
 def stop(verdict: Verdict, lead: bool) -> None:
     """End this process of a side without the quorum: its lowest rank says why (a line and a `cut_off` event), every
     one exits 1 at once, without MPI_Finalize (its peers on the other side are unreachable) and without writing."""
-    from ..log import event
+    from ..log import event, tell
     from ..runtime import PROCESS
     if PROCESS.rescue is not None:  # its rescue files (dsim.ft.rescue): nothing of this side is ever resumed from
         PROCESS.rescue.discard()
     if lead:
-        print(verdict.line(), file=sys.stderr, flush=True)
+        tell(verdict.line())
         event("cut_off", any_rank=True, hosts=list(verdict.hosts), reachable=list(verdict.reachable),
               even=verdict.even)
     sys.stdout.flush()

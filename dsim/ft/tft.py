@@ -21,7 +21,7 @@ import time
 import traceback
 
 from ..engine.callbacks import Callback
-from ..log import event
+from ..log import event, tell
 
 
 def handle_process_failure(run, error) -> int:
@@ -30,8 +30,7 @@ def handle_process_failure(run, error) -> int:
     from .inprocess import CannotRepair
     why = ulfm.unavailable_reason()
     if why:  # without fault tolerance this rank crashes, and MPI ends the job
-        print(f"dsim: error: rank {run.groups.world.rank}: {error} (no fault tolerance: {why})", file=sys.stderr,
-              flush=True)
+        tell(f"dsim: error: rank {run.groups.world.rank}: {error} (no fault tolerance: {why})")
         leave(1)
     if isinstance(error, CannotRepair) and error.lead:
         no_repair(str(error))
@@ -51,8 +50,7 @@ def is_failure(exc) -> bool:
 
 def no_repair(reason: str, **fields) -> None:
     """Said by one rank: the repair in the job is not made (why), and the last gasp follows; a no_repair event."""
-    print(f"dsim: warning: no repair in the job: {reason}; falling back to the last-gasp checkpoint", file=sys.stderr,
-          flush=True)
+    tell(f"dsim: warning: no repair in the job: {reason}; falling back to the last-gasp checkpoint")
     event("no_repair", any_rank=True, reason=reason, **fields)
 
 
@@ -70,14 +68,14 @@ def on_process_failure(run, noticed_at: float, error) -> int:
         out = (last_gasp.save(run, noticed_at) if run.cfg.tft.ttp
                else last_gasp.without_checkpoint(run, damaged, noticed_at))
     except Exception as e:  # a failure of the failure handling: one line from every rank that sees it
-        print(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}", file=sys.stderr, flush=True)
+        tell(f"dsim: error: rank {run.groups.world.rank}: the last gasp failed: {e}")
         return 1
     if out.step is not None:  # a last gasp committed: what the rescue files hold is saved
         rescue.handled(run)
     if out.other_error:  # every rank alive and whole, no deadlock broken: an MPI error of another kind
         if ulfm.cut_short(error):  # or garbage that no death explains: a bug, its traceback
             traceback.print_exception(error)
-        print(f"dsim: error: rank {run.groups.world.rank}: {error}", file=sys.stderr, flush=True)
+        tell(f"dsim: error: rank {run.groups.world.rank}: {error}")
     elif out.lead:
         if isinstance(error, RepairInterrupted):
             new = sorted(set(out.failed) - set(error.failed))
@@ -85,8 +83,8 @@ def on_process_failure(run, noticed_at: float, error) -> int:
                 "another rank failed during the repair"
             no_repair(f"{error.what}; {during}", died_during=new)
         if note:
-            print(note, file=sys.stderr, flush=True)
-        print(f"dsim: error: {out.message()}", file=sys.stderr, flush=True)
+            tell(note)
+        tell(f"dsim: error: {out.message()}")
     return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
 
 

@@ -208,15 +208,13 @@ def test_a_rank_killed_during_the_repair_gives_it_up_on_every_rank_and_the_last_
     assert gave_up == [("rank(s) 3 died; rank(s) 1 died during the repair", [1])], (gave_up, crash.stderr)
     gasp = [(e["failed"], e["global_step"], e["checkpoint"]) for e in events(tmp_path, "last_gasp_saved")]
     assert gasp == [([1, 3], 12, "ttp-2_2")] and crash.returncode == 1, (gasp, crash.returncode, crash.stderr)
-    # The lines rank 0 prints, unless mpirun lost every line of the ranks' stderr: in 3 jobs of some 100 it printed
-    # only its own (libevent's "[warn] Epoll ADD(4) on fd 22 failed ... Bad file descriptor"), the events above
-    # written, the last gasp committed (an Open MPI launcher fault in a job whose spawned process left)
-    if any(x.startswith("dsim:") for x in crash.stderr.splitlines()):
-        assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back "
-                "to the last-gasp checkpoint") in crash.stderr, crash.stderr
-        errors = error_lines(crash)
-        assert len(errors) == 1 and errors[0].startswith(
-            "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
+    # rank 0's lines: mpirun now and then loses them (3 jobs in some 100 of this one), and the launcher prints them
+    # after the job then (dsim/ft/launcher.py: lost lines)
+    assert ("dsim: warning: no repair in the job: rank(s) 3 died; rank(s) 1 died during the repair; falling back "
+            "to the last-gasp checkpoint") in crash.stderr, crash.stderr
+    errors = error_lines(crash)
+    assert len(errors) == 1 and errors[0].startswith(
+        "dsim: error: rank(s) 1, 3 failed; last-gasp checkpoint ttp-2_2 (global step 12) committed"), crash.stderr
     assert "internal error" not in crash.stderr and "Traceback" not in crash.stderr, crash.stderr
     fired = [(e["rank"], e["at"]) for e in events(tmp_path, "fault")]
     assert fired == [(3, "forward"), (1, "repair_exchange")]

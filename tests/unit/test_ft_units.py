@@ -435,6 +435,37 @@ def test_a_launcher_that_aborts_at_its_end_exits_1_with_a_note(tmp_path, capfd):
     assert "mpirun aborted" not in capfd.readouterr().err
 
 
+def test_the_lines_telling_a_jobs_end_that_mpirun_lost_are_printed_after_it_once(capfd):
+    """prterun now and then closes a rank's stderr (a job whose spawned processes died). The lines the ranks told with
+    dsim.log.tell and it did not pass on are printed after the job, once, after a note; those it passed on are not
+    repeated; the rank goes on to its end (its stderr sent to /dev/null); the launcher's file is gone after the job."""
+    import sys
+    from pathlib import Path
+    from dsim.ft import launcher
+    fake = ("import os, sys\n"
+            "from dsim.log import tell\n"
+            "print(os.environ['DSIM_TOLD'])\n"
+            "tell('dsim: warning: no repair in the job: relayed')\n"
+            "if sys.argv[1] == 'lost':\n"  # its stderr closed by mpirun, as prterun did (EPIPE)
+            "    r, w = os.pipe()\n"
+            "    os.close(r)\n"
+            "    os.dup2(w, 2)\n"
+            "    tell('dsim: error: rank(s) 3 failed; the last gasp committed')\n"
+            "    tell('dsim: error: rank(s) 3 failed; the last gasp committed')\n"
+            "    print('and no error after', file=sys.stderr)\n"
+            "sys.exit(1)\n")
+    assert launcher.run([sys.executable, "-c", fake, "lost"], timeout=30) == 1
+    out, err = capfd.readouterr()
+    assert err.splitlines() == [
+        "dsim: warning: no repair in the job: relayed",
+        "dsim: note: mpirun did not pass on the last of the ranks' stderr (an Open MPI launcher fault); what they "
+        "told of the job's end:",
+        "dsim: error: rank(s) 3 failed; the last gasp committed"], err
+    assert not Path(out.strip()).exists()
+    assert launcher.run([sys.executable, "-c", fake, "relayed"], timeout=30) == 1
+    assert capfd.readouterr().err.splitlines() == ["dsim: warning: no repair in the job: relayed"]
+
+
 def test_the_status_after_a_stall_is_told_from_the_ranks():
     """mpirun under ULFM ends with a status its ranks exited with; a rank killed by a signal is tolerated (0 when
     the others exit 0). dsim/ft/launcher.py tells the same from the wait statuses of a stalled mpirun's ranks."""
