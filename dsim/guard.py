@@ -134,8 +134,8 @@ class UnbrokenStderr:
             self._closed()
 
     def _closed(self):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())  # first: launcher_gone writes here too
         launcher_gone()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
