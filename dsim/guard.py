@@ -101,44 +101,12 @@ def end_with_launcher() -> None:
     import threading
     import time
     parent = PROCESS.launcher = os.getppid()
-    sys.stderr = UnbrokenStderr(sys.stderr)
 
     def watch():
         while os.getppid() == parent:
             time.sleep(LAUNCHER_POLL)
         launcher_gone()
     threading.Thread(target=watch, name="dsim-launcher-watch", daemon=True).start()
-
-
-class UnbrokenStderr:
-    """A rank's sys.stderr under mpirun (end_with_launcher). Open MPI's launcher now and then closes one rank's stderr
-    in a job whose spawned processes died (dsim/ft/launcher.py: lost lines), while the job goes on: the rank's next
-    line would fail with EPIPE and end it as an internal error. Here the launcher still there (launcher_gone returns),
-    the stream is sent to /dev/null and the rank trains on; the lines telling the job's end still reach the launcher
-    (dsim.log.tell). With the launcher gone, the rank ends as before."""
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text):
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            self._closed()
-            return len(text)
-
-    def flush(self):
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._closed()
-
-    def _closed(self):
-        launcher_gone()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
 
 
 def launcher_gone() -> None:

@@ -466,27 +466,6 @@ def test_the_lines_telling_a_jobs_end_that_mpirun_lost_are_printed_after_it_once
     assert capfd.readouterr().err.splitlines() == ["dsim: warning: no repair in the job: relayed"]
 
 
-def test_a_rank_whose_stderr_mpirun_closed_trains_on_while_its_launcher_is_there():
-    """A rank's stderr closed under it (as prterun does now and then in a job whose spawned processes died): its next
-    lines, a print flushed and a warning, fail no more, and it goes on to its end (exit 0), its stdout whole
-    (dsim.guard.UnbrokenStderr, set up under mpirun by end_with_launcher)."""
-    import subprocess
-    import sys
-    code = ("import os, sys, warnings\n"
-            "from dsim import guard\n"
-            "guard.end_with_launcher()\n"
-            "r, w = os.pipe()\n"
-            "os.close(r)\n"
-            "os.dup2(w, 2)\n"  # closed by the reader: EPIPE
-            "print('dsim: warning: lost', file=sys.stderr, flush=True)\n"
-            "warnings.warn('lost too')\n"
-            "sys.stderr.write('and this')\n"
-            "print('trained on')\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PMIX_RANK": "0"})
-    assert (p.returncode, p.stdout) == (0, "trained on\n"), p.stderr
-
-
 def test_the_status_after_a_stall_is_told_from_the_ranks():
     """mpirun under ULFM ends with a status its ranks exited with; a rank killed by a signal is tolerated (0 when
     the others exit 0). dsim/ft/launcher.py tells the same from the wait statuses of a stalled mpirun's ranks."""
