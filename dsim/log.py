@@ -15,6 +15,7 @@ EVENTS = logging.getLogger("dsim.events")
 EVENTS.propagate = False  # events are records for metrics.jsonl, not lines for the terminal
 EVENTS.setLevel(logging.INFO)
 # Set by dsim/ft/launcher.py for the job it runs: a file where the lines that tell how the job ended are kept too
+# (the launcher names the same variable itself: run as a script, it imports the standard library only)
 TOLD = "DSIM_TOLD"
 
 

@@ -5,9 +5,10 @@ launcher names the lost host and exits 1, no last gasp can be agreed with Open M
 hosts left (8 ranks over node1-3's widened slots: ranks 2-5 land on other hosts than their files) resumes either from
 the survivors' rescue files (dsim/ft/rescue.py), when they hold every slice, committed first as the last gasp, or from
 step 4: each moved rank's file is read by a rank on the host that holds it and sent over, ranks 6-7's come from their
-replicas; either way the run ends bit-identical to an uninterrupted one. Case 15: node4's ranks die in step 5's forward while
-its daemon lives, with warm spares on a host of their own (tft.arf): they take the dead ranks' places in the job, no
-restart, no step redone, bit-identical. Needs root and iproute2 (CI runs as root): skipped, with the reason, elsewhere.
+replicas; either way the run ends bit-identical to an uninterrupted one. Case 15: node4's ranks die in step 5's
+forward while its daemon lives, with warm spares on a host of their own (tft.arf): they take the dead ranks' places
+in the job, no restart, no step redone, bit-identical. Needs root and iproute2 (CI runs as root): skipped, with the
+reason, elsewhere.
 """
 from __future__ import annotations
 

@@ -59,8 +59,8 @@ def events(run_dir: Path) -> list[dict]:
 
 def slowed(cluster, tmp_path, *args, timeout=150) -> tuple[subprocess.CompletedProcess, int]:
     """The save script on node1 over both hosts, node2's link shaped slow once SHAPE_AFTER steps are logged (slower
-    still when no report came within REPORT_WITHIN steps), until the watch reports a host (then unshaped: the rest at full speed), to the job's end; (the job, the step at which
-    the link was shaped)."""
+    still when no report came within REPORT_WITHIN steps), until the watch reports a host (then unshaped: the rest at
+    full speed), to the job's end; (the job, the step at which the link was shaped)."""
     cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt", *ARGS, *args]
     env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix}
     proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -77,9 +77,12 @@ def slowed(cluster, tmp_path, *args, timeout=150) -> tuple[subprocess.CompletedP
         cluster.shape(2, f"{rate}kbit")
         at = since = steps[-1]["global_step"]
         slower = 2
-        while proc.poll() is None and not [e for e in events(tmp_path / "run") if e.get("host")]:
+        while proc.poll() is None:
+            logged = events(tmp_path / "run")   # (read once a look: the report and the last step from the same read)
+            if any(e.get("host") for e in logged):
+                break
             assert time.monotonic() < deadline, "no straggler event"
-            last = [e["global_step"] for e in events(tmp_path / "run") if e.get("event") == "step"][-1]
+            last = [e["global_step"] for e in logged if e.get("event") == "step"][-1]
             if last - since >= REPORT_WITHIN and slower and rate > 100:
                 rate, since, slower = max(100, rate // 2), last, slower - 1
                 cluster.shape(2, f"{rate}kbit")
