@@ -12,9 +12,11 @@ failure's names every rank of the node, `ranks`):
   it is met as a kill, and its steps lost and promise count from that kill; its recovery from its onset;
 - resumed from: the step the repair or the restart went on from (the event's global step);
 - steps lost: the steps finished before it (N - 1) less the step it resumed from, at least 0; beside it
-  what the scheme promises: 0 in the job, else back to the newest checkpoint committed before it (a
-  `checkpoint_committed` event: an async save still in flight does not count; nor one whose file a `corrupt`
-  failure damaged where no replica can repair it), or a last gasp since;
+  what the scheme promises: 0 in the job, else back to the newest checkpoint of a step before it that was
+  committed by the time the restart met it (a `checkpoint_committed` event: an async save the failure cut short
+  never commits, while one whose shards were all written commits even when rank 0 logs it just after the
+  failure struck; not one whose file a `corrupt` failure damaged where no replica can repair it), or a last gasp
+  since;
 - recovery: from the failure to the next finished step (the resumed-from step + 1: its `step` event, a
   later step's, or a last gasp of it or a later step, as when rank 0 dies inside the update of a step its
   replicas finished: then that step has no `step` event);
@@ -99,7 +101,6 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
         if f["kind"] == "slow":  # nothing is lost before it is killed, only time (the straggler's last heartbeat
             # names the step it was in); not killed, the restart that ends it is another failure's, whose steps those are
             before = evicted["global_step"] - 1 if evicted else meet[1] if meet else before
-        lost_at = evicted["time"] if evicted else f["time"]  # when it became a death the scheme must survive
         if f["kind"] == "sdc":  # silent: training goes on on the damage until a check finds it, all of it lost
             # (unless the job restarts first, from a checkpoint compared before it was saved: the damage is gone)
             found = next((e for e in after if e["event"] == "sdc" and e["time"] < restart), None)
@@ -115,9 +116,11 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
         if meet is not None:
             rec["steps_lost"] = max(0, before - meet[1])
             # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
-            # checkpoint committed before it (an async save still in flight is not), or a last gasp saved since
+            # checkpoint of a step before it committed by the time it was met (an async save the failure cut short
+            # never commits; one whose every shard was written does, even when rank 0 writes the record a moment
+            # after the failure struck: the resume takes it), or a last gasp saved since
             saved = [e["global_step"] for e in events if e.get("checkpoint") not in gone and (
-                     e["event"] == "checkpoint_committed" and e["time"] < lost_at and e["global_step"] <= before
+                     e["event"] == "checkpoint_committed" and e["time"] < meet[2]["time"] and e["global_step"] <= before
                      or e["event"] == "last_gasp_saved" and e["time"] < meet[2]["time"]
                      and e["global_step"] <= (before + 1 if f["kind"] == "slow" else f["global_step"]))]
             newest = max([0, *saved])

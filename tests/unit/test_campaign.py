@@ -294,6 +294,18 @@ def test_an_async_save_still_in_flight_is_not_promised():
     assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 5, 6, 6)
 
 
+def test_a_checkpoint_whose_record_is_written_just_after_the_failure_is_promised():
+    # a host crash fired by node2's rank inside step 11 while rank 0, on node1, was still writing the record of
+    # step 10's checkpoint (every shard written: it commits): the restart resumes from step 10, as promised
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 10, 1) +
+              [ev("checkpoint_committed", 5.1, global_step=5),
+               ev("fault", 10.2, rank=2, kind="host", at="forward", global_step=11, plan_index=0, ranks=[2, 3]),
+               ev("checkpoint_committed", 10.25, global_step=10),
+               ev("train_begin", 30, global_step=10)] + steps(11, 15, 31))
+    (rec,) = analysis.failures(events, end=100, restarts=[29])
+    assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 10, 0, 0)
+
+
 def test_a_checkpoint_a_corrupt_failure_broke_is_not_promised():
     # rank 0's file of the checkpoint of step 10 damaged with no replica (broken): the restart falls back to
     # step 5, for this failure and the next
