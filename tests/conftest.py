@@ -211,6 +211,20 @@ def after_failed_starts(err: str) -> str:
     return "".join(line for line in before if line.startswith("+ mpirun ")) + err[notes[-1].end():]
 
 
+BOX = re.compile(r"\A\x00?(-{20,})\n(?:.*\n)*?\1\n\x00?")  # an Open MPI message at the head of the output
+
+
+def out_after_failed_starts(out: str, err: str) -> str:
+    """A job's stdout without what its launcher's failed starts left there: prterun prints a daemon that "failed to
+    report back" on stdout, one message a start, before any rank ran; those come first (see after_failed_starts)."""
+    for _ in re.finditer(r"^dsim: note: mpirun failed to start .*\n", err, re.M):
+        box = BOX.match(out)
+        if box is None:
+            break
+        out = out[box.end():]
+    return out
+
+
 def run_command(cmd, cwd, timeout, check, env=None):
     """Run cmd in its own process group; on timeout kill it with every process below it (mpirun and every rank)
     and fail. Open MPI's launcher faults (a stall, a failed start) are dsim/ft/launcher.py's to handle: mpirun()
@@ -225,7 +239,7 @@ def run_command(cmd, cwd, timeout, check, env=None):
     if how == "timeout":
         # (its ranks' stacks, each thread's, printed before the kill: dsim.ft.launcher.ask_for_stacks)
         raise AssertionError(f"timed out after {timeout} s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-30000:]}")
-    proc = subprocess.CompletedProcess(cmd, p.returncode, out, after_failed_starts(err))
+    proc = subprocess.CompletedProcess(cmd, p.returncode, out_after_failed_starts(out, err), after_failed_starts(err))
     if check is not None and proc.returncode != check:
         raise AssertionError(f"exit {proc.returncode} != {check}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc

@@ -16,7 +16,7 @@ failure's names every rank of the node, `ranks`):
   committed by the time the restart met it (a `checkpoint_committed` event: an async save the failure cut short
   never commits, while one whose shards were all written commits even when rank 0 logs it just after the
   failure struck; not one whose file a `corrupt` failure damaged where no replica can repair it), or a last gasp
-  since;
+  since, or the survivors' rescue files of a lost host when the resume found them whole (`rescue_completed`);
 - recovery: from the failure to the next finished step (the resumed-from step + 1: its `step` event, a
   later step's, or a last gasp of it or a later step, as when rank 0 dies inside the update of a step its
   replicas finished: then that step has no `step` event);
@@ -118,10 +118,12 @@ def failures(events: list, end: float, restarts=(), broken=None, until=None) -> 
             # what the scheme that met it promises: nothing lost in the job; after a restart, back to the newest
             # checkpoint of a step before it committed by the time it was met (an async save the failure cut short
             # never commits; one whose every shard was written does, even when rank 0 writes the record a moment
-            # after the failure struck: the resume takes it), or a last gasp saved since
+            # after the failure struck: the resume takes it), or a last gasp saved since, or the rescue files the
+            # survivors of a job Open MPI ended at once (a host lost) wrote from their peer copies, when the resume
+            # found them whole and committed them (dsim.ft.rescue)
             saved = [e["global_step"] for e in events if e.get("checkpoint") not in gone and (
                      e["event"] == "checkpoint_committed" and e["time"] < meet[2]["time"] and e["global_step"] <= before
-                     or e["event"] == "last_gasp_saved" and e["time"] < meet[2]["time"]
+                     or e["event"] in ("last_gasp_saved", "rescue_completed") and e["time"] < meet[2]["time"]
                      and e["global_step"] <= (before + 1 if f["kind"] == "slow" else f["global_step"]))]
             newest = max([0, *saved])
             rolled = meet[2]["event"] == "sdc_rollback"  # in the job, but back to a checkpoint

@@ -65,7 +65,7 @@ def test_host_crashes_restart_on_the_hosts_left_bit_identical(tmp_path):
         (crash,) = row["failures"]
         assert crash["kind"] == "host" and crash["host"] == "node2" and crash["ranks"] == [2, 3]
         assert crash["how"] == "restart" and crash["recovered"] and crash["restart_hosts"] == ["node1"]
-        assert crash["steps_lost"] == crash["predicted_lost"]
+        assert crash["steps_lost"] == crash["predicted_lost"], (row["strategy"], crash)
         struck = [j for j in row["jobs"] if j["crashed"]]
         assert [j["crashed"] for j in struck] == [["node2"]] and struck[0]["hosts"] == ["node1", "node2"]
         after = row["jobs"][row["jobs"].index(struck[0]) + 1]

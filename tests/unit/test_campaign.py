@@ -306,6 +306,22 @@ def test_a_checkpoint_whose_record_is_written_just_after_the_failure_is_promised
     assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 10, 0, 0)
 
 
+def test_a_hosts_crash_met_by_the_survivors_rescue_files_is_promised_their_step():
+    # peer copies: node2 crashed inside step 7, mpirun ended the job at once; the survivors' rescue files of step 6
+    # were found whole by the resume (rescue_completed, logged before its train_begin): 0 steps lost, as promised;
+    # had the rescue not completed, the restart would go back to step 5's checkpoint
+    events = ([ev("train_begin", 0, global_step=0)] + steps(1, 6, 1) +
+              [ev("checkpoint_committed", 5.1, global_step=5),
+               ev("fault", 6.5, rank=2, kind="host", at="forward", global_step=7, plan_index=0, ranks=[2, 3])])
+    rescued = [ev("rescue_completed", 29.5, global_step=6, checkpoint="ttp-2_1", missing=[2, 3], before=5),
+               ev("train_begin", 30, global_step=6)] + steps(7, 10, 31)
+    (rec,) = analysis.failures(events + rescued, end=100, restarts=[29])
+    assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 6, 0, 0)
+    (rec,) = analysis.failures(events + [ev("train_begin", 30, global_step=5)] + steps(6, 10, 31), end=100,
+                               restarts=[29])
+    assert (rec["how"], rec["resumed_from"], rec["steps_lost"], rec["predicted_lost"]) == ("restart", 5, 1, 1)
+
+
 def test_a_checkpoint_a_corrupt_failure_broke_is_not_promised():
     # rank 0's file of the checkpoint of step 10 damaged with no replica (broken): the restart falls back to
     # step 5, for this failure and the next

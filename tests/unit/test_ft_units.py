@@ -382,6 +382,9 @@ def test_a_launcher_that_failed_to_start_is_started_again(tmp_path):
                                              "cat daemon.txt;"))
     code, out, err, n = launch(fails=1)
     assert (code, n) == (0, 2) and out == FAILED_DAEMON + "ran: -n 2 x\n" and err.count("starting it again") == 1
+    # and of its stdout: the start that ran (a test reading the job's first line reads the header)
+    from conftest import out_after_failed_starts
+    assert out_after_failed_starts(out, err) == "ran: -n 2 x\n" and out_after_failed_starts(out, "") == out
 
 
 def test_the_launcher_stops_a_stall_and_kills_every_rank_on_a_timeout(tmp_path):
