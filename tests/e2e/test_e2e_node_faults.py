@@ -173,6 +173,10 @@ def test_a_host_crash_in_the_all_reduce_is_rescued_by_the_survivors_and_the_resu
             # step 7, rescued where its update was done everywhere, was logged by no rank: the resume computes it again
             assert steps(tmp_path / "first")[:step] + steps(tmp_path / "second") == ref_losses
             assert not list(disk.glob("ttp_checkpoints/rescue-step_*"))
+            # and its event, from which a campaign counts the steps the rescue kept (dsim.campaign.analysis)
+            assert [(e["global_step"], e["missing"], e["before"]) for e in map(json.loads, (
+                tmp_path / "second" / "metrics.jsonl").read_text().splitlines())
+                if e["event"] == "rescue_completed"] == [(step, [4, 5, 6, 7], 4)]
         for r in range(8):
             want = tensors(ref / "run" / "checkpoints" / f"rank_{r}" / "network-4_4.h5")
             got = tensors(next((disk / f"rank_{r}").glob("*-4_4.h5")))
