@@ -83,6 +83,9 @@ FEATURES = {
         E2E + "test_e2e_node_faults.py::"
         "test_a_host_crash_in_the_all_reduce_is_rescued_by_the_survivors_and_the_resume_is_bit_identical",
     ],
+    "the watches across hosts (a kill ordered to another host)": [
+        E2E + "test_e2e_watch_hosts.py::test_a_stuck_rank_alone_on_its_host_is_killed_by_order_and_the_last_gasp_saved",
+    ],
     "old commit records": [
         E2E + "test_e2e_record_formats.py::test_old_records_verify_repair_and_resume_bit_identically",
     ],

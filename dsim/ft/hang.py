@@ -59,6 +59,7 @@ from ..log import event, say
 from ..faults import same_process, started
 from ..parallel.layout import ParallelLayout
 from ..runtime import PROCESS
+from .orders import HOST, file_name, here, obey, running, send, unseen
 from .straggler import StragglerJudge, egress_held
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
@@ -67,6 +68,7 @@ BREAK_WAIT = 10.0  # seconds a deadlock's break waits for every process to beat 
 # seconds after its own watch revoked its rank's communicators that a process still in its old wait is taken to be
 # waiting elsewhere: a second was too short once in a loaded run of the tests (ranks the revoke had freed killed)
 SETTLE = 3.0
+UNSEEN_AFTER = 4  # beats into a job (2 s) before rank 0 looks whether it sees every rank's heartbeat (_say_unseen)
 ALIVE = "deadlock-broken-alive"  # a job went on in place after a break with every rank alive: the next is ended
 RECORD = 512     # bytes of a heartbeat record (JSON, space-padded): one positioned write
 WORK = {"step": "step", "data loading": "data loading", "callback": "callback", "save": "save",
@@ -109,9 +111,8 @@ class HangWatch(Callback):
             runtime.standby.end()
         self.rank, self.world_size, self.stage_size = rank, world_size, stage_size
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.rank == 0:
-            forget_the_dead(self.dir, starting=True)
-        self._fd = os.open(self.dir / str(os.getpid()), os.O_CREAT | os.O_WRONLY, 0o644)
+        forget_the_dead(self.dir, starting=True, marks=self.rank == 0)  # (each rank its host's dead)
+        self._fd = os.open(self.dir / file_name(os.getpid()), os.O_CREAT | os.O_WRONLY, 0o644)
         self._started = started(os.getpid())
         self._beat(time.time())
         self._thread = threading.Thread(target=self._run, name="dsim-hang-watch", daemon=True)
@@ -122,12 +123,11 @@ class HangWatch(Callback):
             runtime.standby = self
 
     def recovered(self, run_context):
-        """After a repair in the job or an elastic shrink: this process's rank and world now; between steps. Rank 0
-        forgets the heartbeats of the processes that died (they would stay until the next job otherwise)."""
+        """After a repair in the job or an elastic shrink: this process's rank and world now; between steps. Each rank
+        forgets the heartbeats of its host's processes that died (they would stay until the next job otherwise)."""
         cb = run_context.original_args()
         self.rank, self.world_size, self.stage_size = cb.rank, cb.world_size, _stage_size(cb)
-        if self.rank == 0:
-            forget_the_dead(self.dir)
+        forget_the_dead(self.dir, marks=self.rank == 0)
 
     def step_begin(self, run_context):
         self.step = run_context.original_args().cur_step_num + 1
@@ -143,24 +143,29 @@ class HangWatch(Callback):
             self._thread.join()
         if self._fd is not None:
             os.close(self._fd)
-            (self.dir / str(os.getpid())).unlink(missing_ok=True)
+            (self.dir / file_name(os.getpid())).unlink(missing_ok=True)
             self._fd = None
 
     # -- the thread ---------------------------------------------------------------------------------------
     def _run(self):
-        warned = False
+        warned, beats = False, 0
         while not self._stop.wait(HEARTBEAT):
             try:
                 self._join_break()  # (before the beat: the beat then says whether it revoked)
                 now = time.time()
                 self._beat(now)
+                obey(self.dir)  # what another host's watch asked of this host's processes
                 began = self.runtime.progress.began  # (read once: the work may end meanwhile)
                 if self.timeout and began is not None and time.monotonic() - began > self.timeout:
                     self._judge(now, began)
                 if self.stragglers is not None and self.rank == 0:
-                    live = [r for r in heartbeats(self.dir) if now - r.get("time", 0) < 4 * HEARTBEAT]
-                    self.stragglers.look(live, self.world_size, self.stage_size, same_process,
+                    live = [r for r in heartbeats(self.dir) if now - r.get("time", 0) < 4 * HEARTBEAT
+                            and (not here(r) or same_process(r["pid"], r.get("started")))]
+                    self.stragglers.look(live, self.world_size, self.stage_size, lambda pid, started: True,
                                          lambda r: _kill(self.dir, r), self._hosts())
+                beats += 1
+                if beats == UNSEEN_AFTER and self.rank == 0:
+                    self._say_unseen()
             except Exception as e:  # the thread must go on: without its heartbeat this process looks frozen
                 if not warned:
                     say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")
@@ -175,7 +180,7 @@ class HangWatch(Callback):
                              "stalled": None if stalled is None else round(stalled, 3),
                              "waiting": None if waiting is None else round(waiting, 1), "work": work,
                              "step_time": None if step_time is None else round(step_time, 5), "timed": timed,
-                             "revoked": self._revoked_at,
+                             "revoked": self._revoked_at, "host": HOST,
                              **({"link": egress_held()} if self.stragglers is not None else {}),  # (straggler.py)
                              **({"role": self.role} if self.rank is None else {})})
         os.pwrite(self._fd, record.encode().ljust(RECORD), 0)
@@ -186,6 +191,19 @@ class HangWatch(Callback):
         names = getattr(hosts, "names", None)
         return list(names) if names is not None and len(names) == self.world_size else None
 
+    def _say_unseen(self) -> None:
+        """A few beats into the job, rank 0 looks whether it sees every rank's heartbeat: on hosts whose output
+        directory is node-local it does not, and says once what the watches cannot do then (dsim.ft.orders)."""
+        hosts = self._hosts()
+        missing = unseen(heartbeats(self.dir), self.world_size)
+        if missing is None or not hosts or len(set(hosts)) < 2:
+            return
+        event("heartbeats_unseen", missing=missing, world_size=self.world_size, directory=str(self.dir))
+        say(f"dsim: warning: hang watch: rank 0 sees no heartbeat of {missing} of the {self.world_size} ranks in "
+            f"{self.dir} (not shared by the job's hosts): a frozen or stuck rank is found by the ranks of its own host "
+            "only; a deadlock, a straggler or a rank alone on its host is not (put output.dir on a file system every "
+            "host shares: docs/cluster.md)")
+
     def _judge(self, now: float, began: float) -> None:
         """This rank's work watched (a step's computation or a save), begun at `began` (progress.began), has
         gone on past the timeout: kill the frozen and the stuck processes of its world, if any."""
@@ -194,8 +212,7 @@ class HangWatch(Callback):
         if not frozen and not stuck and killed_since(self.dir, since, 2 * self.timeout):
             return  # another rank's watch found it first: its death is on its way here
         if not frozen and not stuck and self.deadlock:
-            world = [r for r in heartbeats(self.dir) if r.get("world_size") == self.world_size
-                     and same_process(r["pid"], r.get("started"))]
+            world = [r for r in heartbeats(self.dir) if r.get("world_size") == self.world_size and running(r, now)]
             waited = deadlocked(world, now, self.deadlock)
             if waited is not None:
                 return self._end_deadlock(world, waited)
@@ -242,8 +259,8 @@ class HangWatch(Callback):
             f"{self.deadlock:g} s); each prints its stacks (SIGUSR1), then "
             + ("the job's communicators are revoked: every rank goes on as after a failure" if breaking else
                "the job is ended (exit status 1): resume from the last checkpoint"))
-        others = [r for r in world if r["pid"] != os.getpid()]
-        _signal([r for r in others if r.get("role") != "spare"], signal.SIGUSR1)  # (an idle spare's tell nothing)
+        others = [r for r in world if not _mine(r)]
+        _signal(self.dir, [r for r in others if r.get("role") != "spare"], signal.SIGUSR1)  # (idle spares': nothing)
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(1.0)  # a second to print them
         if breaking:
@@ -253,8 +270,10 @@ class HangWatch(Callback):
         self._end_job(others)
 
     def _end_job(self, others: list) -> None:
-        """Stop and kill the other processes of the job, then exit 1."""
-        _signal(others, signal.SIGSTOP)  # then none moves: nobody begins a last gasp as the others die
+        """Stop and kill the other processes of the job, then exit 1. (Another host's are killed by order, not
+        stopped first: a process stopped by its own order could carry out no other.)"""
+        _signal(self.dir, [r for r in others if here(r)], signal.SIGSTOP)  # then none moves: nobody begins a last
+        # gasp as the others die
         for r in others:
             _kill(self.dir, r)
         sys.stdout.flush()
@@ -290,23 +309,24 @@ class HangWatch(Callback):
         receive on another communicator), nothing but their death ends it. `t`: when the break was marked (the
         other watches may have revoked theirs since, as this one slept)."""
         self._join_break()
-        pids = {r["pid"] for r in world if r.get("role") != "spare"}
+        pids = {_key(r) for r in world if r.get("role") != "spare"}
         beats = {}
         while time.time() < t + BREAK_WAIT:
             time.sleep(HEARTBEAT / 2)
             self._beat(time.time())  # (this thread beats for its process)
-            beats = {r["pid"]: r for r in heartbeats(self.dir) if r["pid"] in pids and settled(r, t)}
+            obey(self.dir)
+            beats = {_key(r): r for r in heartbeats(self.dir) if _key(r) in pids and settled(r, t)}
             if len(beats) == len(pids):
                 break
-        still = sorted(still_waiting(list(beats.values()), t), key=lambda r: r["pid"] == os.getpid())  # (self last)
+        still = sorted(still_waiting(list(beats.values()), t), key=_mine)  # (self last)
         if len(beats) == len(pids) and len(still) == len(pids):  # the revoke freed nobody: no one to tell apart
             say("dsim: hang watch: every process still waits after the revoke (on communicators it did not reach): "
                 "the job is ended (exit status 1): resume from the last checkpoint")
             event("deadlock", any_rank=True, ranks=sorted(r["rank"] for r in world if r["rank"] is not None),
                   timeout=self.deadlock, global_step=self.step, by=self.rank, broken=False)
-            return self._end_job([r for r in world if r["pid"] != os.getpid()])
+            return self._end_job([r for r in world if not _mine(r)])
         for record in still:
-            mine = record["pid"] == os.getpid()  # (its own process: said first, as nothing follows its kill)
+            mine = _mine(record)  # (its own process: said first, as nothing follows its kill)
             if mine or _kill(self.dir, record):
                 event("hang", any_rank=True, rank=record["rank"], how="deadlocked", global_step=self.step,
                       by=self.rank, timeout=self.deadlock, waiting=record["waiting"], revoked=record.get("revoked"),
@@ -328,7 +348,8 @@ class HangWatch(Callback):
         # a newcomer (no rank) has trained no step yet
         step = record["step"] if how == "stuck" and record["rank"] is not None else self.step
         event("hang", any_rank=True, rank=record["rank"], how=how, frozen_for=round(ago, 3), global_step=step,
-              by=self.rank, timeout=self.timeout, **({"work": record.get("work")} if how == "stuck" else {}))
+              by=self.rank, timeout=self.timeout, host=record.get("host", HOST), ordered=not here(record),
+              **({"work": record.get("work")} if how == "stuck" else {}))
         say(f"dsim: hang watch: {_who(record)} {what} (step {step}, timeout {self.timeout:g} s): killed (SIGKILL)"
             + (", as a failed rank" if record["rank"] is not None else ""))
 
@@ -341,6 +362,9 @@ def deadlocked(world: list, now: float, timeout: float) -> Optional[float]:
     members = [r for r in world if r.get("role") != "spare"]
     if sum(r.get("rank") is not None for r in members) < 2:
         return None
+    sizes = {r.get("world_size") for r in members}
+    if len(sizes) == 1 and unseen(members, sizes.pop()) is not None:
+        return None  # a rank unseen (another host's, with a node-local directory): nobody can tell it waits too
     waits = [r.get("waiting") for r in members]
     if any(w is None for w in waits):
         return None
@@ -399,19 +423,27 @@ def still_waiting(records: list, revoked_at: float) -> list:
     return [r for r in records if (_wait_began(r) or revoked_at) < revoked_at - 0.25]
 
 
-def _signal(records: list, sig) -> None:
+def _signal(directory, records: list, sig) -> None:
     for r in records:
-        try:
-            os.kill(r["pid"], sig)
-        except ProcessLookupError:
-            pass
+        send(directory, r, sig)
+
+
+def _mine(record: dict) -> bool:
+    """Whether a heartbeat record is this process's own."""
+    return record["pid"] == os.getpid() and here(record)
+
+
+def _key(record: dict) -> tuple:
+    """A heartbeat's process across hosts: its pid and host."""
+    return record["pid"], record.get("host", HOST)
 
 
 def _who(record: dict) -> str:
-    """A heartbeat's process in a line: `rank 3 (pid 1234)`, `a warm spare (pid 1234)`, `a newcomer (pid 1234)`."""
+    """A heartbeat's process in a line: `rank 3 (pid 1234)`, `a warm spare (pid 1234)`, `a newcomer (pid 1234)`; a
+    process of another host than this watch's with its host: `rank 3 (pid 1234 on node2)`."""
     who = ({"spare": "a warm spare", "newcomer": "a newcomer"}.get(record.get("role"), "a process not training yet")
            if record["rank"] is None else f"rank {record['rank']}")
-    return f"{who} (pid {record['pid']})"
+    return f"{who} (pid {record['pid']}{'' if here(record) else ' on ' + record['host']})"
 
 
 def _stage_size(cb) -> int:
@@ -451,8 +483,9 @@ def stop_frozen_spares(directory, world_size: int, timeout: float) -> None:
     `timeout`) or still there `timeout` seconds later (stuck): mpirun would wait for it for ever."""
     beats, deadline = Path(directory) / "heartbeats", time.monotonic() + timeout
     while True:
+        now = time.time()
         left = [r for r in heartbeats(beats) if r.get("rank") is None and r.get("world_size") == world_size
-                and same_process(r["pid"], r.get("started"))]
+                and (same_process(r["pid"], r.get("started")) if here(r) else now - r["time"] < 2 * timeout)]
         if not left:
             return
         now, late = time.time(), time.monotonic() > deadline
@@ -494,10 +527,16 @@ def find_hung(directory, world_size: int, now: float, timeout: float) -> tuple[l
     old: a process that moved on since then has beaten since)."""
     frozen, stuck = [], []
     for r in heartbeats(directory):
-        if r.get("world_size") != world_size or r.get("pid") == os.getpid():
+        if r.get("world_size") != world_size or _mine(r):
             continue
         hung = frozen if now - r["time"] > timeout else stuck if (r.get("stalled") or 0) > timeout else None
-        if hung is not None and same_process(r["pid"], r.get("started")):
+        if hung is None:
+            continue
+        if here(r) and same_process(r["pid"], r.get("started")):
+            hung.append(r)
+        elif hung is stuck and not here(r) and now - r["time"] < timeout:
+            # another host's, beating (its own thread carries the order out); a frozen one is its host's to find (a
+            # stale record of another host may also be a dead process's: nothing here can tell)
             hung.append(r)
     return frozen, stuck
 
@@ -505,12 +544,12 @@ def find_hung(directory, world_size: int, now: float, timeout: float) -> tuple[l
 def _kill(directory, record: dict) -> bool:
     """SIGKILL the process of a heartbeat record; whether this caller claimed it first (and so reports it). The
     caller's own process (the straggler watch's judge is rank 0, which may be the straggler) is claimed first."""
-    if record["pid"] == os.getpid():
+    if _mine(record):
         claim(directory, record)
         os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        os.kill(record["pid"], signal.SIGKILL)
-    except ProcessLookupError:
+    if not here(record):  # another host's: one order, by the watch that claims it first, carried out there
+        return claim(directory, record) and send(directory, record, signal.SIGKILL)
+    if not send(directory, record, signal.SIGKILL):
         return False
     return claim(directory, record)
 
@@ -543,23 +582,34 @@ def killed_since(directory, since: float, horizon: float) -> bool:
     return False
 
 
-def forget_the_dead(directory, starting: bool = False) -> None:
-    """Remove the heartbeats (and kill marks) of processes that no longer run: a job's start (`starting`: then the
-    mark of a break that left every rank alive too), after a restart or a repair in the job."""
+def forget_the_dead(directory, starting: bool = False, marks: bool = True) -> None:
+    """Remove the heartbeats (kill marks, orders) of this host's processes that no longer run, and with `marks` (rank
+    0) the job's marks of a deadlock's break and of a stall said: a job's start (`starting`: then the mark of a break
+    that left every rank alive too), after a restart or a repair in the job. Every rank does it for its host (a pid is
+    known on its own host only); rank 0 alone for the marks, which are the job's."""
     for path in Path(directory).iterdir():
         try:
             if path.name == ALIVE:
-                if starting:
+                if starting and marks:
                     path.unlink(missing_ok=True)
                 continue
             if path.name.startswith(("killed-deadlock-", "breaking-deadlock-", "ended-deadlock-", "said-")):
-                path.unlink(missing_ok=True)
+                if marks:
+                    path.unlink(missing_ok=True)
                 continue
             if path.name.startswith("killed-"):
                 pid, when = path.name.split("-")[1:3]
                 when = None if when == "None" else int(when)
+            elif path.name.startswith("order-"):  # (dsim.ft.orders: one never carried out)
+                what, host = path.name[len("order-"):].rsplit("@", 1)
+                if host != HOST:
+                    continue
+                pid, when = what.split("-")[1:3]
+                when = None if when == "None" else int(when)
             else:
                 record = json.loads(path.read_bytes().decode().strip())
+                if not here(record):
+                    continue  # another host's: only its own host can tell whether that pid still runs
                 pid, when = record["pid"], record["started"]
             if not same_process(int(pid), when):
                 path.unlink(missing_ok=True)

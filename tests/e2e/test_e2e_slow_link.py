@@ -122,8 +122,10 @@ def test_a_slow_link_evicted_kills_its_hosts_ranks_and_the_others_save_the_last_
     assert proc.returncode == 1 and "rank(s) 4, 5, 6, 7 failed; last-gasp checkpoint ttp-" in proc.stderr, out
     # the last gasp, on node1's disk (rank 0's, where the survivors are), of a step at or after the eviction's
     record, = (cluster.disk(1) / "ckpt" / "ttp_checkpoints").glob("*/ttp-*.commit")
-    # (node2's ranks may be a step or two ahead when killed: node1 still receives their gradients through the link)
-    assert at <= json.loads(record.read_text())["global_step"] <= found["global_step"]
+    # (node2's ranks are killed by order, by their own host's watches, up to a heartbeat after the verdict: the job may
+    # finish a step or two more meanwhile; the last gasp is of a step rank 0 finished, its log line maybe not written)
+    logged = max(e["global_step"] for e in events(tmp_path / "run") if e.get("event") == "step")
+    assert at <= json.loads(record.read_text())["global_step"] <= logged + 1, (at, found, logged)
     # nothing of the job left on either host
     deadline = time.monotonic() + 10
     while any(cluster.processes(h) != [cluster.keepers[h]] for h in (1, 2)) and time.monotonic() < deadline:

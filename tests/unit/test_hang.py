@@ -16,6 +16,7 @@ from dsim.config import ConfigError, load_config
 from dsim.faults import started
 from dsim.ft.hang import (HangWatch, deadlocked, find_hung, forget_the_dead, heartbeats, killed_since, settled,
                           still_waiting)
+from dsim.ft.orders import file_name
 from dsim.parallel import progress
 from dsim.runtime import PROCESS, Runtime
 
@@ -82,7 +83,7 @@ def test_a_frozen_rank_is_killed_and_no_other(tmp_path, capfd):
         out = capfd.readouterr().out
         assert f"hang watch: rank 2 (pid {procs['frozen'].pid}) has not run for" in out and "step 7" in out
         assert procs["running"].poll() is None and procs["other world"].poll() is None
-        assert not (tmp_path / "heartbeats" / str(os.getpid())).exists()  # the watch's own, removed at its end
+        assert not (tmp_path / "heartbeats" / file_name(os.getpid())).exists()  # the watch's own, removed at its end
         assert [p.name for p in (tmp_path / "heartbeats").glob("killed-*")] == [
             f"killed-{procs['frozen'].pid}-{frozen_since}"]  # claimed by the one watch that killed it
     finally:
@@ -212,16 +213,21 @@ def test_heartbeats_of_ended_processes_are_forgotten(tmp_path):
         (beats / f"killed-{gone.pid}-1").touch()
         assert find_hung(beats, 2, time.time() + 3600, 1.0)[0] == [r for r in heartbeats(beats) if r["pid"] == live.pid]
         forget_the_dead(beats)
-        assert sorted(p.name for p in beats.iterdir()) == [str(live.pid)]
-        # a repair in the job: rank 0 of the repaired world forgets the dead at once, not at the next job
-        (beats / "424242").write_bytes(json.dumps({"pid": 424242, "started": 1, "rank": 1, "world_size": 2,
-                                                   "time": time.time()}).encode())
+        assert sorted(p.name for p in beats.iterdir()) == [file_name(live.pid)]
+        # a repair in the job: each rank of the repaired world forgets its host's dead at once, not at the next job;
+        # another host's record only its host can judge (a pid means nothing here); the job's marks are rank 0's
+        dead = lambda host=None: json.dumps({"pid": 424242, "started": 1, "rank": 1, "world_size": 2,  # noqa: E731
+                                             "time": time.time(), **({"host": host} if host else {})}).encode()
         watch = HangWatch(600, tmp_path)
         watch.begin(context(1, 2))
-        watch.recovered(context(1, 2))  # not rank 0: not its task
-        assert (beats / "424242").exists()
+        (beats / file_name(424242)).write_bytes(dead())
+        (beats / file_name(424242, "elsewhere")).write_bytes(dead("elsewhere"))
+        (beats / "said-3").touch()
+        watch.recovered(context(1, 2))
+        assert not (beats / file_name(424242)).exists() and (beats / file_name(424242, "elsewhere")).exists()
+        assert (beats / "said-3").exists()  # not rank 1's to remove
         watch.recovered(context(0, 2))
-        assert not (beats / "424242").exists() and (beats / str(live.pid)).exists()
+        assert not (beats / "said-3").exists() and (beats / file_name(live.pid)).exists()
         watch.end()
     finally:
         live.kill()
@@ -371,10 +377,10 @@ def test_a_process_left_idle_stops_its_watch_and_heartbeat(tmp_path):
     watch = HangWatch(1.0, tmp_path)
     watch.begin(context(5, 8))
     watch.step_begin(context(5, 8, step=11))  # the step an elastic shrink left it out of: never ended
-    assert PROCESS.hang is watch and (tmp_path / "heartbeats" / str(os.getpid())).exists()
+    assert PROCESS.hang is watch and (tmp_path / "heartbeats" / file_name(os.getpid())).exists()
     hang.leave()
     assert PROCESS.hang is None and not watch._thread.is_alive()
-    assert not (tmp_path / "heartbeats" / str(os.getpid())).exists()
+    assert not (tmp_path / "heartbeats" / file_name(os.getpid())).exists()
     hang.leave()  # nothing running: nothing to do
 
 
