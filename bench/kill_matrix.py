@@ -184,9 +184,13 @@ def run_case(cluster, case: dict, ref_dir: Path, ref_losses: dict, workdir: Path
     fired = list(Path(f"{plan}.fired").glob("*"))
     lost_host = case["kind"] == "host" and first["status"] != 0
     hosts_left = [h for h in all_hosts if not (lost_host and h == case["host"])]
+    errors = [x for x in first["stderr"].splitlines() if x.startswith("dsim: error:")]
+    # the job's verdict: the launcher's on a lost host (said last: before it, a survivor on mpirun's host that saw every
+    # other host's ranks gone at once, as Open MPI ended them, may have said it was cut off from the majority), else
+    # the first rank's
+    lost = [x for x in errors if x.startswith("dsim: error: host ") and " lost: " in x]
     row = {**case, "fired": bool(fired), "first": {k: first[k] for k in ("status", "hung", "seconds")},
-           "line": next((x for x in first["stderr"].splitlines() if x.startswith("dsim: error:")), ""),
-           "left": {}, "jobs": 1}
+           "line": (lost or errors or [""])[0], "errors": errors, "left": {}, "jobs": 1}
     if lost_host:  # what is left of the crashed host goes with it (its namespaces' keeper and disk stay)
         row["crashed_host_left"] = len(cluster.kill_host(case["host"]))
     row["left"].update({str(h): p for h, p in left_running(cluster, hosts_left).items()})
