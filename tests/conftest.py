@@ -200,10 +200,13 @@ def launch(script, args, cwd, timeout=180, check=None, env=None):
                        {"VIRTUAL_ENV": sys.prefix, **(env or {})})
 
 
+FAILED_START = re.compile(r"^dsim: note: mpirun failed to start .*\n", re.M)  # the launcher's note after each
+
+
 def after_failed_starts(err: str) -> str:
     """A job's stderr without what its launcher's failed starts left (dsim/ft/launcher.py starts mpirun again
     when no rank ran: Open MPI's message, then the launcher's note): the stderr of the start that ran."""
-    notes = list(re.finditer(r"^dsim: note: mpirun failed to start .*\n", err, re.M))
+    notes = list(FAILED_START.finditer(err))
     if not notes:
         return err
     # but the launch scripts' echo of the command (`+ mpirun ...`, launch/common.sh), printed before the first start
@@ -217,7 +220,7 @@ BOX = re.compile(r"\A\x00?(-{20,})\n(?:.*\n)*?\1\n\x00?")  # an Open MPI message
 def out_after_failed_starts(out: str, err: str) -> str:
     """A job's stdout without what its launcher's failed starts left there: prterun prints a daemon that "failed to
     report back" on stdout, one message a start, before any rank ran; those come first (see after_failed_starts)."""
-    for _ in re.finditer(r"^dsim: note: mpirun failed to start .*\n", err, re.M):
+    for _ in FAILED_START.finditer(err):
         box = BOX.match(out)
         if box is None:
             break

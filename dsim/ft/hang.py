@@ -59,7 +59,7 @@ from ..log import event, say
 from ..faults import same_process, started
 from ..parallel.layout import ParallelLayout
 from ..runtime import PROCESS
-from .orders import HOST, file_name, here, obey, running, send, unseen
+from .orders import HOST, ORDER, file_name, here, obey, order, running, send, unseen
 from .straggler import StragglerJudge, egress_held
 
 HEARTBEAT = 0.5  # seconds between two heartbeats
@@ -159,8 +159,8 @@ class HangWatch(Callback):
                 if self.timeout and began is not None and time.monotonic() - began > self.timeout:
                     self._judge(now, began)
                 if self.stragglers is not None and self.rank == 0:
-                    live = [r for r in heartbeats(self.dir) if now - r.get("time", 0) < 4 * HEARTBEAT
-                            and (not here(r) or same_process(r["pid"], r.get("started")))]
+                    live = [r for r in heartbeats(self.dir)
+                            if now - r.get("time", 0) < 4 * HEARTBEAT and running(r, now)]
                     self.stragglers.look(live, self.world_size, self.stage_size, lambda pid, started: True,
                                          lambda r: _kill(self.dir, r), self._hosts())
                 beats += 1
@@ -600,12 +600,10 @@ def forget_the_dead(directory, starting: bool = False, marks: bool = True) -> No
             if path.name.startswith("killed-"):
                 pid, when = path.name.split("-")[1:3]
                 when = None if when == "None" else int(when)
-            elif path.name.startswith("order-"):  # (dsim.ft.orders: one never carried out)
-                what, host = path.name[len("order-"):].rsplit("@", 1)
+            elif path.name.startswith(ORDER):  # (one never carried out)
+                _, pid, when, host = order(path.name)
                 if host != HOST:
                     continue
-                pid, when = what.split("-")[1:3]
-                when = None if when == "None" else int(when)
             else:
                 record = json.loads(path.read_bytes().decode().strip())
                 if not here(record):

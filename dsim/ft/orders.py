@@ -24,6 +24,7 @@ from typing import Optional
 from ..faults import same_process
 
 HOST = socket.gethostname()  # this machine's name (on the test cluster, each host's own: dsim.cluster)
+ORDER = "order-"  # the name of an order's file begins so (send)
 FRESH = 2.0  # seconds: a record of another host beaten this recently is of a process that runs (nothing else tells)
 
 
@@ -54,7 +55,7 @@ def send(directory, record: dict, sig: int) -> bool:
         except ProcessLookupError:
             return False
         return True
-    name = f"order-{int(sig)}-{record['pid']}-{record.get('started')}@{record['host']}"
+    name = f"{ORDER}{int(sig)}-{record['pid']}-{record.get('started')}@{record['host']}"
     try:
         os.close(os.open(Path(directory) / name, os.O_CREAT | os.O_WRONLY, 0o644))
     except OSError:
@@ -62,17 +63,24 @@ def send(directory, record: dict, sig: int) -> bool:
     return True
 
 
+def order(name: str) -> tuple[int, int, Optional[int], str]:
+    """An order's file name (send) read back: (signal, pid, the process's start time, host); ValueError if it is
+    not one."""
+    what, host = name[len(ORDER):].rsplit("@", 1)
+    sig, pid, when = what.split("-", 2)
+    return int(sig), int(pid), None if when == "None" else int(when), host
+
+
 def obey(directory) -> None:
     """Carry out the orders for this host's processes (send): each signal to its process if that pid is still the
     one meant, the order then removed; kills last, and this process's own kill after every other order."""
     orders = []
-    for path in Path(directory).glob(f"order-*@{HOST}"):
+    for path in Path(directory).glob(f"{ORDER}*@{HOST}"):
         try:
-            sig, pid, when = path.name[len("order-"):].rsplit("@", 1)[0].split("-", 2)
-            orders.append((int(sig) == signal.SIGKILL, int(pid) == os.getpid(), int(sig), int(pid),
-                           None if when == "None" else int(when), path))
+            sig, pid, when, _ = order(path.name)
         except ValueError:
             continue
+        orders.append((sig == signal.SIGKILL, pid == os.getpid(), sig, pid, when, path))
     for _, mine, sig, pid, when, path in sorted(orders, key=lambda o: o[:2]):
         path.unlink(missing_ok=True)
         if same_process(pid, when):

@@ -11,7 +11,6 @@ Needs root and iproute2 (CI runs as root): skipped, with the reason, where names
 """
 from __future__ import annotations
 
-import json
 import re
 import sys
 
@@ -19,7 +18,7 @@ import pytest
 
 from conftest import BIN, LAUNCHER, cluster_of, ft_env, run_command
 from dsim.cluster import DISK_PATH
-from ftjob import LOSS, OPTS, fault
+from ftjob import LOSS, OPTS, events, fault
 
 pytestmark = pytest.mark.e2e
 
@@ -41,10 +40,6 @@ def on_cluster(cluster, args, cwd):
     return run_command(cluster.command(1, cmd, cwd), cwd, 150, None, {**env, **cluster.env()})
 
 
-def events(path, kind):
-    return [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == kind]
-
-
 def test_a_stuck_rank_alone_on_its_host_is_killed_by_order_and_the_last_gasp_saved(cluster, tmp_path):
     proc = on_cluster(cluster, [*ARGS, *fault("stuck", 3, "allreduce", 6)], tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -54,12 +49,11 @@ def test_a_stuck_rank_alone_on_its_host_is_killed_by_order_and_the_last_gasp_sav
     assert re.search(r"dsim: hang watch: rank 3 \(pid \d+ on node2\) is stuck: its process runs, its step has made no "
                      r"progress outside a collective for \d+\.\d s \(step 6, timeout 3 s\): killed \(SIGKILL\), as a "
                      r"failed rank", proc.stdout), proc.stdout
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    hang, = events(metrics, "hang")
+    hang, = events(tmp_path, "hang")
     assert (hang["rank"], hang["how"], hang["host"], hang["ordered"]) == (3, "stuck", "node2", True)
     assert hang["by"] in (0, 1, 2)
     assert list((tmp_path / "run" / "heartbeats").glob("order-*")) == []  # carried out on node2
-    gasp, = events(metrics, "last_gasp_saved")
+    gasp, = events(tmp_path, "last_gasp_saved")
     assert gasp["failed"] == [3] and gasp["global_step"] == 5
     errors = [x for x in proc.stderr.splitlines() if x.startswith("dsim: error:")]
     assert len(errors) == 1 and errors[0].startswith(
@@ -67,7 +61,8 @@ def test_a_stuck_rank_alone_on_its_host_is_killed_by_order_and_the_last_gasp_sav
 
 
 def test_a_node_local_output_directory_is_said_once_and_the_job_trains_on(cluster, tmp_path):
-    local = f"{DISK_PATH}/watch-{tmp_path.name}"
+    job = f"watch-{tmp_path.name}"  # (on each host's own disk: node1's holds rank 0's metrics)
+    local = f"{DISK_PATH}/{job}/run"
     # (40 epochs of 10 steps: 3.6 s and more; rank 0 looks 2 s in)
     proc = on_cluster(cluster, [*ARGS, "--set", f"output.dir={local}", "--set", "checkpoint.enabled=false", "--set",
                                 "train.epochs=40", "--set", "output.loss_every=10"], tmp_path)
@@ -78,5 +73,5 @@ def test_a_node_local_output_directory_is_said_once_and_the_job_trains_on(cluste
                       "only; a deadlock, a straggler or a rank alone on its host is not (put output.dir on a file "
                       "system every host shares: docs/cluster.md)"], proc.stdout
     assert len(LOSS.findall(proc.stdout)) == 40
-    unseen, = events(cluster.disk(1) / f"watch-{tmp_path.name}" / "metrics.jsonl", "heartbeats_unseen")
+    unseen, = events(cluster.disk(1) / job, "heartbeats_unseen")
     assert (unseen["missing"], unseen["world_size"]) == (1, 4)
