@@ -15,6 +15,8 @@ What a process knows of itself beyond its run's objects, each field owned by the
   repair in the job strike through it);
 - rescue: the files its forked writer wrote at a failure before the survivors agreed (dsim.ft.rescue), which the
   job deletes once it handled the failure, and a side cut off before it stops.
+- links, cut_at, poll: how it reaches the other ranks without MPI, when it found a network cut, and whether its
+  collectives are polled so that a revoke ends them (dsim.ft.cut).
 
 A run carries its process's runtime (Run.runtime, Groups.runtime) and the fault tolerance takes it from there.
 One process has one: PROCESS, below, a module-level instance for what runs without a run in hand: the layers and
@@ -49,6 +51,9 @@ class Runtime:
         self.launcher = None  # the pid of this rank's launcher once the guard watches it (dsim.guard)
         self.fault = None     # the fault hooks: the FaultInjector armed in this process, or None (dsim.faults)
         self.rescue = None    # its rescue, armed when it trains in a job over several hosts (dsim.ft.rescue)
+        self.links = None     # its listener and the world's duplicate, in a job over several hosts (dsim.ft.cut)
+        self.cut_at = None    # when it found a network cut (time.time(); dsim.ft.cut)
+        self.poll = False     # every buffer collective polled, ended by a revoke (over several hosts: dsim.ft.cut)
 
     # -- the communicators a step watches -------------------------------------------------------------------
     def watch(self, world, serve=None, dp=None) -> None:
@@ -96,6 +101,8 @@ class Runtime:
         progress = self.progress
         progress.enter_wait()
         try:
+            if self.poll and getattr(call, "__name__", None) in POLLED and self.serve is None:
+                return _polled(call, *args, **kwargs)
             if self.serve is None or self.serving is None or getattr(call, "__self__", None) is not self.serving \
                     or not call.__name__[0].isupper():  # (a buffer collective's name: Allreduce, Alltoallv, ...)
                 return call(*args, **kwargs)
@@ -105,6 +112,22 @@ class Runtime:
                 self.check_revoked()
         finally:
             progress.leave_wait()
+
+
+POLLED = frozenset(("Allreduce", "Alltoall", "Alltoallv", "Allgather", "Allgatherv", "Bcast", "Barrier"))
+
+
+def _polled(call, *args, **kwargs):
+    """A buffer collective made as its nonblocking variant, tested until it completes or its communicator is revoked
+    (MPI.Exception ERR_REVOKED; the request is left behind). Over several hosts a blocking one may never return
+    after a network cut, a revoke notwithstanding: Open MPI 5.0.11 completes no send whose peer is unreachable
+    (docs/design/node-faults.md), and the rank would never come to its side's agreement (dsim.ft.cut)."""
+    comm, name = call.__self__, call.__name__
+    request = getattr(comm, "I" + name[0].lower() + name[1:])(*args, **kwargs)
+    while not request.Test():
+        if comm.Is_revoked():
+            from mpi4py import MPI
+            raise MPI.Exception(MPI.ERR_REVOKED)
 
 
 # This process's runtime (see the module doc: what reaches it without a run in hand). Its marks are the ones every

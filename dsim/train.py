@@ -192,10 +192,13 @@ def train(run, step: int, joining=None) -> int:
 def _train(run, step: int, joining) -> int:
     from .checkpoint.saver import SaveError
     from .ft.sdc import SilentCorruption
+    from .ft import cut
     from .ft.rescue import arm
     from .ft.tft import handle_process_failure, is_failure, leave
     cfg = run.cfg
     arm(run)  # a job over several hosts with the last gasp: its state to disk even when a crash takes MPI's runtime
+    if joining is None:  # (collective: a process joining a repaired world trains in it alone)
+        cut.arm(run)  # a job over several hosts: its sides found without MPI after a network cut
     try:
         run.train(initial_epoch=step // run.loader.get_dataset_size(), joining=joining)
     except SilentCorruption as e:  # every rank found it together: rank 0 says it once; no last gasp

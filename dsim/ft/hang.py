@@ -158,6 +158,7 @@ class HangWatch(Callback):
                 began = self.runtime.progress.began  # (read once: the work may end meanwhile)
                 if self.timeout and began is not None and time.monotonic() - began > self.timeout:
                     self._judge(now, began)
+                self._look_for_a_cut()
                 if self.stragglers is not None and self.rank == 0:
                     live = [r for r in heartbeats(self.dir)
                             if now - r.get("time", 0) < 4 * HEARTBEAT and running(r, now)]
@@ -170,6 +171,14 @@ class HangWatch(Callback):
                 if not warned:
                     say(f"dsim: warning: hang watch: rank {self.rank}: {type(e).__name__}: {e}")
                     warned = True
+
+    def _look_for_a_cut(self) -> None:
+        """Over several hosts: while this rank has waited in a collective longer than the timeout, whether another host
+        still answers (dsim.ft.cut: a host that does not is cut off, and this rank's communicators are revoked)."""
+        links, waited = self.runtime.links, self.runtime.progress.waiting_for(time.monotonic())
+        if links is not None and self.timeout and waited is not None and waited > self.timeout and self.model:
+            links.look(self.model.groups, self.runtime)
+            self._beat(time.time())  # (a probe may take a second)
 
     def _beat(self, now: float) -> None:
         mono, progress = time.monotonic(), self.runtime.progress

@@ -33,7 +33,7 @@ from ..faults import UCEError
 from ..parallel.groups import Groups
 from ..parallel.layout import LayoutError
 from ..runtime import PROCESS
-from . import elastic, quorum, spares as warm, ulfm
+from . import cut, elastic, quorum, spares as warm, ulfm
 from .hang import went_on_alive
 from .in_place import InPlace
 from .last_gasp import survey, unverified_sets
@@ -101,7 +101,7 @@ class InProcessRecovery:
         repair, whose first collective, the shrink of the world, is this one's: the same survey then tells the
         ranks here to join it (FailedAtTheEnd). Nothing failed: a shrink and an all-gather, once a train()."""
         t, world, runtime = time.time(), self.run.groups.world, self.run.runtime
-        comm, failed = runtime.collective(ulfm.shrink, world, runtime=runtime)
+        comm, failed = cut.survivors(world, runtime)
         seen = survey(comm, world.rank, self.run.optimizer.states(), t)
         if failed or seen.damaged:
             raise FailedAtTheEnd(comm, failed, seen)
@@ -136,9 +136,12 @@ class InProcessRecovery:
         if isinstance(exc, FailedAtTheEnd):  # past the loop: the world shrunk and surveyed already, with the others
             comm, failed, seen = exc.comm, exc.failed, exc.seen
         else:
-            comm, failed = runtime.collective(ulfm.shrink, old.world, runtime=runtime)
+            comm, failed = cut.survivors(old.world, runtime)  # (a shrink; after a network cut, its side)
             seen = survey(comm, old.world.rank, run.optimizer.states(), t)  # a memory-failed rank offers nothing
         quorum.check(old, comm)  # a side of a network cut without a quorum of the hosts stops: no repair, no gasp
+        if runtime.cut_at is not None:  # the other side's ranks live on unreachable: no world is made without them
+            raise CannotRepair("a network cut: the hosts cut off are not failed to MPI, so no repaired world can be "
+                               "made without them", comm.rank == 0)
         damaged, t_fault = seen.damaged, seen.first_noticed
         if not failed and not damaged and not seen.deadlock:
             raise exc  # an MPI error with every rank alive and whole: not a fault to repair

@@ -44,7 +44,8 @@ from ..parallel import progress
 from ..runtime import PROCESS
 from . import quorum
 from .hang import broke_deadlock
-from .ulfm import agree, revoke, revoke_groups, shrink
+from .cut import survivors
+from .ulfm import agree, revoke, revoke_groups
 
 PREFIX = "ttp"
 ATTEMPTS = 4
@@ -109,7 +110,8 @@ class Survey:
 
 def survey(comm, me: int, states: dict, noticed_at: float) -> Survey:
     """Every living rank tells the others what it can offer (collective over comm, the shrunk world)."""
-    reports = PROCESS.collective(comm.allgather, (me, sorted(states), noticed_at, broke_deadlock(noticed_at)))
+    fault = broke_deadlock(noticed_at) or PROCESS.cut_at is not None  # (a cut healed since: every rank alive)
+    reports = PROCESS.collective(comm.allgather, (me, sorted(states), noticed_at, fault))
     offers = {r: set(steps) for r, steps, _, _ in reports}
     return Survey(offers, sorted(r for r, steps in offers.items() if not steps), min(t for _, _, t, _ in reports),
                   any(b for *_, b in reports))
@@ -135,10 +137,12 @@ class Outcome:
     newest: Optional[int] = None  # with peer copies used: the newest step a survivor had, `step` being older
     other_error: bool = False  # every rank alive and whole, no deadlock broken: an MPI error of another kind
     lead: bool = False     # this rank reports it (the lowest living rank)
+    cut: bool = False      # the ranks left out were cut off by a network cut (dsim.ft.cut), not found dead
 
     def message(self) -> str:
+        gone = "cut off (a network cut; this side holds the quorum of the hosts)" if self.cut else "failed"
         who = "; ".join(
-            ([f"rank(s) {', '.join(map(str, self.failed))} failed"] if self.failed else []) +
+            ([f"rank(s) {', '.join(map(str, self.failed))} {gone}"] if self.failed else []) +
             ([f"rank(s) {', '.join(map(str, self.damaged))} had an uncorrectable memory error (UCE)"]
              if self.damaged else [])) or "a deadlock was broken, every rank alive"
         if self.corrupt:
@@ -190,13 +194,13 @@ def without_checkpoint(run, damaged: bool, noticed_at: float) -> Outcome:
     """With the last gasp off: the survivors only agree on who failed, and whose memory failed (damaged: this
     rank's), so that one line says it (collective over the living ranks)."""
     revoke_groups(run.groups)
-    comm, failed = shrink(run.groups.world)
+    comm, failed = survivors(run.groups.world, run.runtime)
     quorum.check(run.groups, comm)  # a side of a network cut without a quorum of the hosts stops here
     me = run.groups.world.rank
     reports = comm.allgather((me, bool(damaged), broke_deadlock(noticed_at)))
     hit = sorted(r for r, d, _ in reports if d)
-    return Outcome(failed, hit, survivors=comm.size, lead=comm.rank == 0,
-                   other_error=not failed and not hit and not any(b for *_, b in reports))
+    return Outcome(failed, hit, survivors=comm.size, lead=comm.rank == 0, cut=run.runtime.cut_at is not None,
+                   other_error=not failed and not hit and not any(b for *_, b in reports) and run.runtime.cut_at is None)
 
 
 def save(run, noticed_at: float) -> Outcome:
@@ -212,10 +216,12 @@ def save(run, noticed_at: float) -> Outcome:
         states = run.optimizer.states()
         sets = replica_sets(run.groups.layout)
         for attempt in range(ATTEMPTS):
-            comm, failed = run.runtime.collective(shrink, run.groups.world, runtime=run.runtime)
+            comm, failed = survivors(run.groups.world, run.runtime)  # (a shrink; after a network cut, its side)
             quorum.check(run.groups, comm)  # before anything is written: a side of a cut without the quorum stops
             try:
-                return _attempt(run, comm, failed, states, sets, noticed_at)
+                out = _attempt(run, comm, failed, states, sets, noticed_at)
+                out.cut = run.runtime.cut_at is not None  # (its line says so: the launcher reads it, launcher.CUT_MARK)
+                return out
             except MPI.Exception:
                 if attempt == ATTEMPTS - 1:
                     raise

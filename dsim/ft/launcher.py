@@ -54,6 +54,7 @@ STALL_SECONDS = 15  # no rank running for this long, and mpirun still there: sta
 ENDED_SECONDS = 3   # the same once ranks were seen running: a healthy mpirun ends 0.05 s after its last rank
 PARENT_POLL = 0.25  # seconds between looks at mpirun and at whether the launcher's caller is still there
 START_TRIES = 3     # a launcher that failed to start is started again, this many launches in all
+CUT_MARK = b"network cut"  # in a line a rank told (dsim.log.tell) at its end: its side met a network cut (dsim.ft.cut)
 # What mpirun prints when it failed before starting any rank, for a cause that passes (not bad input)
 START_FAILURES = ("The PMIx server's listener thread failed to start",)
 # What prterun prints when it aborts at its end on a failed check of its own (after its ranks ended)
@@ -218,14 +219,24 @@ class StallWatch:
     ranks it has seen, the status mpirun would have ended with (read before mpirun is killed: init reaps the
     zombies of a killed mpirun, and their statuses with them)."""
 
-    def __init__(self, pid: int, seconds: float = STALL_SECONDS, ended_seconds: float | None = None):
+    def __init__(self, pid: int, seconds: float = STALL_SECONDS, ended_seconds: float | None = None,
+                 told: str | None = None):
         self.pid, self.seconds, self.idle_since = pid, seconds, None
         self.ended_seconds = ENDED_SECONDS if ended_seconds is None else ended_seconds
         self.ranks: set[int] = set()  # every rank seen running
         self.ranks_status = None      # after a stall, supervise() sets it from status()
+        self.told = told              # the ranks' told lines (TOLD): one saying a network cut was met (cut)
+        self.cut = False
 
     def stalled(self, now: float) -> bool:
         running = children(self.pid)
+        if not self.cut and self.told is not None:
+            try:
+                self.cut = CUT_MARK in Path(self.told).read_bytes()
+            except OSError:
+                pass
+        if self.cut:  # the daemons across a cut never end: only this host's ranks are waited for
+            running = [c for c in running if is_rank(c)]
         self.ranks.update(running)
         if running:
             self.idle_since = None
@@ -393,7 +404,7 @@ def _run(cmd: list[str], timeout: float | None, tries: int, caller: int, told: s
         old = {signal.SIGINT: signal.signal(signal.SIGINT, stop), signal.SIGTERM: signal.signal(signal.SIGTERM, notice)}
         old.update({s: signal.signal(s, lambda signum, frame: proc.send_signal(signum))
                     for s in (signal.SIGUSR1, signal.SIGUSR2)})
-        watch = StallWatch(proc.pid, STALL_SECONDS)
+        watch = StallWatch(proc.pid, STALL_SECONDS, told=told)
         try:
             # ranks looked for 4 times a second: one that ends within a second of starting (a job every rank
             # refuses) is seen too, so a stall after it is stopped ENDED_SECONDS later, not STALL_SECONDS
@@ -415,7 +426,9 @@ def _run(cmd: list[str], timeout: float | None, tries: int, caller: int, told: s
         if how in ("stalled", "aborted"):
             status = 1 if watch.ranks_status is None else watch.ranks_status
             told = "the ranks' own" if watch.ranks_status is not None else "the ranks' status unknown, so 1"
-            what = ("every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it" if how == "stalled"
+            what = ("this host's ranks have ended after a network cut, and mpirun waits for daemons it cannot reach; "
+                    "stopped it" if how == "stalled" and watch.cut else
+                    "every rank has ended but mpirun has not (an Open MPI launcher stall); stopped it" if how == "stalled"
                     else f"mpirun aborted after its ranks had run (an Open MPI launcher fault, its exit status "
                          f"{proc.returncode} not the ranks')")
             print(f"dsim: note: {what}, exit status {status} ({told})", file=sys.stderr)

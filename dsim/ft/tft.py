@@ -85,6 +85,8 @@ def on_process_failure(run, noticed_at: float, error) -> int:
         if note:
             tell(note)
         tell(f"dsim: error: {out.message()}")
+    if run.runtime.cut_at is not None:  # the other side of a network cut lives on, unreachable: MPI_Finalize would
+        leave(1)                          # wait for it
     return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
 
 

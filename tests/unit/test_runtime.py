@@ -121,3 +121,19 @@ def test_a_model_parallel_sum_leaves_the_serving_group_to_the_first_data_paralle
         assert dp.calls[-1][0] == "Allreduce"
     finally:
         PROCESS.watch(None)
+
+
+def test_over_several_hosts_every_buffer_collective_is_polled_and_a_revoke_ends_it():
+    """Runtime.poll (dsim.ft.cut.arm): a blocking collective may never return after a network cut, so it is made as
+    its nonblocking variant and tested; a revoke of its communicator ends it with ERR_REVOKED. Pickled collectives
+    (allgather) stay as they are."""
+    from mpi4py import MPI
+    runtime, comm = Runtime(), Comm()
+    runtime.poll = True
+    assert runtime.collective(comm.Allreduce, "x", op="sum") is None
+    assert [c[0] for c in comm.calls] == ["Iallreduce"] and comm.tests == 3
+    assert runtime.collective(comm.allgather, 5) == [5]
+    comm.tests, comm.revoked = -100, True  # never completes, revoked: ended at its first look
+    with pytest.raises(MPI.Exception) as e:
+        runtime.collective(comm.Allreduce, "y")
+    assert e.value.Get_error_class() == MPI.ERR_REVOKED and comm.tests == -99 and runtime.progress.waits == 0
