@@ -43,7 +43,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-UP, GONE, SILENT = "up", "gone", "silent"  # a probe's answer: it answered; refused (its process died); nothing
+# a probe's answer: it said who it is; refused, or closed without a word (its process ended: its host is there);
+# nothing (or not the rank: another process at that address)
+UP, GONE, SILENT = "up", "gone", "silent"
 PROBE_SECONDS = 2.0   # how long a probe waits for the ranks to answer (a lost SYN is sent again after 1 s)
 WATCH_PROBE_SECONDS = 1.0  # the same from the hang watch's thread (its heartbeat waits meanwhile)
 WATCH_EVERY = 2.0     # seconds between two probes of the watch
@@ -158,8 +160,8 @@ def _connect(targets: dict, seconds: float, message: dict | None = None) -> dict
                     chunk = b""
                 got += chunk
                 socks[s][2] = got
-                if b"\n" in got or not chunk:
-                    out[key] = UP if got.split(b"\n")[0] == identity else SILENT
+                if b"\n" in got or not chunk:  # (closed before a word: its process is ending, or ended)
+                    out[key] = UP if got.split(b"\n")[0] == identity else SILENT if got else GONE
                     sel.unregister(s)
                     if out[key] == UP and message is not None:
                         try:
@@ -278,6 +280,8 @@ def survivors(world, runtime):
     """The communicator of this side's living ranks and the sorted world ranks left out, in place of ulfm.shrink
     after a failure: MPI's shrink when every host answers; after a cut, the side agreed (side) and its communicator
     made from the world's duplicate. A side without the quorum of the hosts stops here (dsim.ft.quorum.stop)."""
+    from mpi4py import MPI
+
     from . import quorum, ulfm
     links = runtime.links
     if links is None or links.world is not world:
@@ -302,12 +306,14 @@ def survivors(world, runtime):
                                                     "without a checkpoint",))
     timer.daemon = True
     timer.start()
+    group = links.dup.Get_group().Incl(view)
     try:
-        group = links.dup.Get_group().Incl(view)
         comm = runtime.collective(links.dup.Create_group, group, 52)
-        group.Free()
+    except MPI.Exception:  # MPI knows a rank of the world dead (a host gone, not cut): then its shrink completes
+        return runtime.collective(ulfm.shrink, world, runtime=runtime)
     finally:
         timer.cancel()
+        group.Free()
     runtime.shrunk = comm
     left_out = sorted(set(range(world.size)) - set(view))
     if comm.rank == 0:

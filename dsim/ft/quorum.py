@@ -1,9 +1,10 @@
 """No split brain: after a failure, only the side of the job holding a quorum of its hosts commits or goes on.
 
-A network cut kills nobody: each side of it sees the other's ranks fail (ULFM's failure detector,
-`mpi_ft_detector`: docs/design/node-faults.md) and shrinks to its own ranks. Left alone, both sides would then save a
-last gasp and go on training (a repair in the job, an elastic continuation): two histories of one job. So, after
-every shrink that follows a failure, the living ranks (one side) ask `decide` whether they hold the quorum:
+A network cut kills nobody: each side of it finds the other's ranks silent (dsim.ft.cut) or sees them fail (ULFM's
+failure detector, `mpi_ft_detector`, when on: docs/design/node-faults.md) and goes on with its own ranks. Left alone,
+both sides would then save a last gasp and go on training (a repair in the job, an elastic continuation): two
+histories of one job. So, after every shrink (or side agreed: dsim.ft.cut) that follows a failure, the living ranks
+(one side) ask `decide` whether they hold the quorum:
 
 - the hosts counted are the job's hosts before the failure, as MPI found them (dsim.parallel.hosts: Groups.hosts),
   never guessed from rank numbers; a host is reachable when at least one of its ranks is among the living;

@@ -1,0 +1,63 @@
+"""A network cut's sides found without MPI (dsim.ft.cut): probes and the agreement, between listeners of this
+process standing for ranks (the end-to-end cases, on real hosts cut apart: tests/e2e/test_e2e_node_faults.py)."""
+import socket
+import threading
+
+from dsim.ft import cut
+
+
+class World:
+    def __init__(self, rank):
+        self.rank = rank
+
+
+def links_of(n, names=None, silent=()):
+    """n ranks' Links, each with a listener of its own on this host; ranks in `silent` answer with another job's
+    identity (as a process that is not theirs would: not UP)."""
+    listeners = [cut.Listener() for _ in range(n)]
+    for r, listener in enumerate(listeners):
+        listener.identity = f"{'other' if r in silent else 'tok'}:{r}".encode()
+    peers = {r: ("127.0.0.1", listener.port) for r, listener in enumerate(listeners)}
+    names = tuple(names or [f"node{r + 1}" for r in range(n)])
+    return [cut.Links(World(r), None, names, peers, "tok", listeners[r]) for r in range(n)]
+
+
+def test_a_probe_tells_a_rank_that_answers_from_one_refused_and_one_that_is_not_it():
+    links = links_of(3, silent=(2,))
+    with socket.socket() as closed:  # a port nobody listens on refuses: a rank's process that died, its host there
+        closed.bind(("127.0.0.1", 0))
+        links[0].peers[1] = closed.getsockname()
+    assert links[0].probe(1.0) == {0: cut.UP, 1: cut.GONE, 2: cut.SILENT}
+    assert links[0].silent_hosts({0: cut.UP, 1: cut.GONE, 2: cut.SILENT}) == ["node3"]
+
+
+def run_sides(links, who, **kwargs):
+    out = {}
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, cut.side(links[r], **kwargs))) for r in who]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_the_ranks_that_reach_each_other_agree_on_one_side():
+    links = links_of(4, silent=(3,))  # rank 3: not reached (the other side of a cut)
+    sides = run_sides(links, [0, 1, 2], seconds=0.5)
+    assert sides == {r: ([0, 1, 2], []) for r in (0, 1, 2)}
+
+
+def test_a_rank_that_answers_but_never_takes_part_is_left_out_after_the_grace():
+    """Its main thread stuck in MPI: its listener answers, it sends no view. Before the grace the others wait for it
+    (no agreement without it); after, the side is agreed without it and names it, to be ended."""
+    links = links_of(3)
+    assert run_sides(links, [0, 1], grace=5.0, limit=2.0, seconds=0.3) == {0: None, 1: None}
+    links = links_of(3)
+    assert run_sides(links, [0, 1], grace=1.0, limit=10.0, seconds=0.3) == {0: ([0, 1], [2]), 1: ([0, 1], [2])}
+
+
+def test_two_sides_of_a_cut_cannot_both_hold_the_quorum():
+    from dsim.ft.quorum import decide
+    names = ["node1", "node1", "node2", "node2", "node3", "node3", "node4", "node4"]
+    assert decide(names, [0, 1, 2, 3]).holds and not decide(names, [4, 5, 6, 7]).holds  # 2+2: rank 0's host wins
+    assert decide(names, [2, 3, 4, 5, 6, 7]).holds and not decide(names, [0, 1]).holds  # 3+1: the majority
