@@ -615,3 +615,38 @@ def test_a_pickled_collective_whose_sizes_a_cut_garbled_is_a_fault_but_memory_ru
     assert not ulfm.cut_short(raised("numpy/core/numeric.py"))
     monkeypatch.setenv("OMPI_MCA_mpi_ft_enable", "0")
     assert not ulfm.cut_short(raised("src/mpi4py/MPI.src/msgpickle.pxi"))
+
+
+def test_after_a_network_cut_the_stall_watch_waits_for_this_host_s_ranks_only(tmp_path):
+    """mpirun's children over several hosts include the connections to the other hosts' daemons (ssh, an agent),
+    which after a cut never end. Once a rank told a line of a network cut (dsim.ft.cut), the watch counts this host's
+    ranks only (PMIx gave them a rank): their end is mpirun's stall; before it, a connection still running is not."""
+    import subprocess
+    import sys
+    import time
+    from dsim.ft.launcher import StallWatch, kill_tree
+    fake = ("import os, subprocess, sys, time\n"
+            "agent = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"  # no PMIX_RANK
+            "rank = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.6)'], "
+            "env={**os.environ, 'PMIX_RANK': '0'})\n"
+            "time.sleep(60)\n")
+    told = tmp_path / "told"
+    told.write_bytes(b"")
+    proc = subprocess.Popen([sys.executable, "-c", fake], start_new_session=True)
+    try:
+        watch = StallWatch(proc.pid, seconds=60, ended_seconds=0.5, told=str(told))
+        deadline = time.time() + 3
+        while time.time() < deadline:  # the agent runs: never a stall
+            assert not watch.stalled(time.time())
+            time.sleep(0.1)
+        assert watch.ranks and not watch.cut
+        told.write_bytes(b"dsim: error: cut off from the majority of hosts (...): ... (docs/fault-tolerance.md: a "
+                         b"network cut)\n")
+        deadline = time.time() + 5
+        while not watch.stalled(time.time()):
+            assert time.time() < deadline
+            time.sleep(0.1)
+        assert watch.cut
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
