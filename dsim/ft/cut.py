@@ -213,7 +213,7 @@ class Links:
         hosts = list(dict.fromkeys(self.names))
         return [h for h in hosts if all(answers.get(r) == SILENT for r, n in enumerate(self.names) if n == h)]
 
-    def look(self, groups, runtime) -> None:
+    def look(self, groups, runtime, waited: float) -> None:
         """From the hang watch's thread, while this rank has waited long in a collective: probe (every WATCH_EVERY
         seconds); a host silent twice in a row is cut off: revoke this rank's communicators (ulfm.revoke_all), so
         that its side goes on as after a failure (survivors then finds the side)."""
@@ -231,8 +231,7 @@ class Links:
         runtime.cut_at = time.time()
         reached = [r for r, a in answers.items() if a == UP]
         if self.rank == min(reached):  # one line a side
-            event("cut_seen", any_rank=True, rank=self.rank, silent=silent,
-                  waited=round(runtime.progress.waiting_for(time.monotonic()) or 0, 1))
+            event("cut_seen", any_rank=True, rank=self.rank, silent=silent, waited=round(waited, 1))
             say(f"dsim: warning: rank {self.rank}: no answer from host(s) {', '.join(silent)} (none of their ranks "
                 f"takes a TCP connection) while this rank waits in a collective: a network cut, or a host gone; the "
                 "job's communicators are revoked, and the side holding the quorum of the hosts saves")

@@ -177,7 +177,7 @@ class HangWatch(Callback):
         still answers (dsim.ft.cut: a host that does not is cut off, and this rank's communicators are revoked)."""
         links, waited = self.runtime.links, self.runtime.progress.waiting_for(time.monotonic())
         if links is not None and self.timeout and waited is not None and waited > self.timeout and self.model:
-            links.look(self.model.groups, self.runtime)
+            links.look(self.model.groups, self.runtime, waited)
             self._beat(time.time())  # (a probe may take a second)
 
     def _beat(self, now: float) -> None:

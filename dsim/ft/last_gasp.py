@@ -140,7 +140,8 @@ class Outcome:
     cut: bool = False      # the ranks left out were cut off by a network cut (dsim.ft.cut), not found dead
 
     def message(self) -> str:
-        gone = "cut off (a network cut; this side holds the quorum of the hosts)" if self.cut else "failed"
+        gone = ("unreachable (a network cut, or a host gone silent; this side holds the quorum of the hosts)"
+                if self.cut else "failed")
         who = "; ".join(
             ([f"rank(s) {', '.join(map(str, self.failed))} {gone}"] if self.failed else []) +
             ([f"rank(s) {', '.join(map(str, self.damaged))} had an uncorrectable memory error (UCE)"]

@@ -7,7 +7,7 @@ only on its own host (`here`: the record's `host`, this machine's name); a proce
 a file in the same directory (`order-<signal>-<pid>-<started>@<host>`), which any watch thread of that host carries
 out at its next beat (`obey`: the process's own, for a rank that runs but is stuck or slow; a host-mate's, for a
 frozen one), once it has made sure the pid is still that process (dsim.faults.same_process). A frozen process alone
-on its host has nobody to carry its order out: the job waits for it, as MPI does.
+on its host has nobody to carry its order out: its host is found silent instead, as after a network cut (dsim.ft.cut).
 
 With a node-local output directory each host's watches see their own host's processes only: a frozen or stuck rank
 is still found by its host-mates, while a straggler, a deadlock and a stuck rank alone on its host, which need the

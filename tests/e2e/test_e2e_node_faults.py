@@ -262,8 +262,8 @@ def test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves(hos
         assert side["ranks"] == [r for r in range(n) if r not in minority] and side["left_out"] == minority, side
         assert gasps[0]["time"] - cut_at < 60, (gasps, cut_at)  # found and saved within a bounded time
         step = gasps[0]["global_step"]
-        assert step >= 6 and f"rank(s) {', '.join(map(str, minority))} cut off (a network cut; this side holds the " \
-            f"quorum of the hosts); last-gasp checkpoint ttp-" in err, err
+        assert step >= 6 and f"rank(s) {', '.join(map(str, minority))} unreachable (a network cut, or a host gone " \
+            f"silent; this side holds the quorum of the hosts); last-gasp checkpoint ttp-" in err, err
         disk1 = cluster.disk(1) / "ckpt"
         new = sorted(set(commits(disk1)) - set(before[1]))
         assert new == [f"ttp_checkpoints/tft_saved_checkpoints-step_{step}/{gasps[0]['checkpoint']}.commit"], new

@@ -4,6 +4,10 @@ node1 and rank 3 alone on node2 (dp2 x mp2: rank 3's replica is rank 1, on node1
 - The output directory shared by the hosts (the test's directory): rank 3 is stuck in step 6; only node1's watches see
   it (rank 3 is alone on node2), and a pid of node2's means nothing on node1, so the first of them to claim it orders
   its kill, and rank 3's own watch thread carries the order out. The last gasp of the survivors follows.
+- Rank 3 frozen (SIGSTOP) in step 6: its host-mates would kill it, and it has none; its heartbeat stops, which
+  node1's watches do not judge (another host's stale record may as well be a dead process's). Its host answers no
+  probe (its listener is frozen with it): the ranks of node1 find node2 silent (dsim.ft.cut), agree on their side
+  (rank 0's host, half the hosts) and save the last gasp from rank 3's replica.
 - The output directory node-local (on each host's own disk): rank 0 sees the heartbeats of node1's ranks only, and
   says once what the watches cannot do then; the job trains on and ends as without it.
 
@@ -58,6 +62,23 @@ def test_a_stuck_rank_alone_on_its_host_is_killed_by_order_and_the_last_gasp_sav
     errors = [x for x in proc.stderr.splitlines() if x.startswith("dsim: error:")]
     assert len(errors) == 1 and errors[0].startswith(
         "dsim: error: rank(s) 3 failed; last-gasp checkpoint ttp-1_5 (global step 5) committed"), proc.stderr
+
+
+def test_a_frozen_rank_alone_on_its_host_is_found_silent_and_the_others_save_the_last_gasp(cluster, tmp_path):
+    proc = on_cluster(cluster, [*ARGS, *fault("hang", 3, "allreduce", 6)], tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "dsim: fault: rank 3 stops (SIGSTOP) during the allreduce of step 6" in proc.stdout, proc.stdout
+    assert "dsim: warning: rank 0: no answer from host(s) node2 (none of their ranks takes a TCP connection) while " \
+        "this rank waits in a collective" in proc.stdout, proc.stdout
+    assert events(tmp_path, "hang") == []  # (nobody judges it frozen: no watch of node2 runs)
+    seen, = events(tmp_path, "cut_seen")
+    assert (seen["rank"], seen["silent"]) == (0, ["node2"]) and seen["waited"] > 3, seen
+    side, = events(tmp_path, "cut_side")
+    assert (side["ranks"], side["left_out"], side["hosts"]) == ([0, 1, 2], [3], ["node1"]), side
+    gasp, = events(tmp_path, "last_gasp_saved")
+    assert gasp["failed"] == [3] and gasp["global_step"] == 5, gasp
+    assert "dsim: error: rank(s) 3 unreachable (a network cut, or a host gone silent; this side holds the quorum of " \
+        "the hosts); last-gasp checkpoint ttp-1_5 (global step 5) committed" in proc.stderr, proc.stderr
 
 
 def test_a_node_local_output_directory_is_said_once_and_the_job_trains_on(cluster, tmp_path):
