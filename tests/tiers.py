@@ -86,6 +86,9 @@ FEATURES = {
     "the watches across hosts (a kill ordered to another host)": [
         E2E + "test_e2e_watch_hosts.py::test_a_stuck_rank_alone_on_its_host_is_killed_by_order_and_the_last_gasp_saved",
     ],
+    "a network cut (the side with the quorum saves, the other stops)": [
+        E2E + "test_e2e_node_faults.py::test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves[2+2]",
+    ],
     "old commit records": [
         E2E + "test_e2e_record_formats.py::test_old_records_verify_repair_and_resume_bit_identically",
     ],
