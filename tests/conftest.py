@@ -97,7 +97,7 @@ def pytest_terminal_summary(terminalreporter, config):
 # rest of their module, each part would make its own cluster). Every other test keeps its collection order.
 LONG_FIRST = {
     "tests/e2e/test_e2e_campaign.py::test_campaign_report_matches_the_jobs_metrics": 94,
-    "tests/e2e/test_e2e_node_faults.py::test_a_network_cut_stops_the_minority_and_nothing_of_it_is_committed": 86,
+    "tests/e2e/test_e2e_campaign_hosts.py::test_host_crashes_restart_on_the_hosts_left_bit_identical": 57,
     "tests/e2e/test_e2e_tools.py::test_readme_tutorial_runs_as_shown": 66,
     "tests/e2e/test_e2e_bench.py::test_bench_runs_at_toy_size": 57,
     "tests/e2e/test_e2e_campaign.py::test_a_node_failure_kills_the_nodes_ranks_and_arf_heals_them_all_in_the_job": 50,

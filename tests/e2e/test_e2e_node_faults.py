@@ -208,16 +208,18 @@ def commits(disk: Path) -> list[str]:
     return sorted(str(p.relative_to(disk)) for p in disk.rglob("*.commit")) if disk.exists() else []
 
 
-@pytest.mark.parametrize("hosts,cut", [(3, (3,)), (2, (2,)), (4, (3, 4))], ids=["2+1", "1+1", "2+2"])
-def test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves(hosts, cut, tmp_path):
+@pytest.mark.parametrize("hosts,cut,scheme", [(3, (3,), "arf"), (2, (2,), "ttp"), (4, (3, 4), "ttp")],
+                         ids=["2+1", "1+1", "2+2"])
+def test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves(hosts, cut, scheme, tmp_path):
     """hosts x 2 ranks (dp = hosts x mp2: a whole replica on every host), a checkpoint each 4 steps; after step 6 the
     hosts `cut` are cut from the rest, for good (2+1: node3 alone; 1+1: node2, and 2+2: node3 and node4, even splits,
     which the side of rank 0's host node1 wins). Each side finds the cut itself (no MPI error comes) and agrees on who
     it is. The minority's lowest rank says it is cut off (its line, and a cut_off event) and its ranks stop without
     writing: no commit record on its disks but those of before the cut. The side holding the quorum commits the last
-    gasp of its step, the minority's ranks named cut off, on node1's disk, and the job ends with exit status 1. Every
-    disk's files together verify (each committed checkpoint whole and intact). Once the link is back nothing is left
-    on any host."""
+    gasp of its step, the minority's ranks named unreachable, on node1's disk, and the job ends with exit status 1;
+    with a repair in the job as the scheme (2+1: tft.arf), it says first that it makes none after a cut (the ranks cut
+    off are not failed to MPI). Every disk's files together verify (each committed checkpoint whole and intact). Once
+    the link is back nothing is left on any host."""
     why = unavailable()
     if why:
         pytest.skip(f"no cluster of namespaces here: {why}")
@@ -227,7 +229,7 @@ def test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves(hos
     with Cluster(hosts=hosts, slots=2, name=name) as cluster:
         env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix, "RANK_SIZE": str(n)}
         cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt", *CUT_ARGS,
-               "--set", "output.dir=first"]
+               "--set", "output.dir=first", *(["--set", "tft.arf=true"] if scheme == "arf" else [])]
         proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         metrics = tmp_path / "first" / "metrics.jsonl"
@@ -256,10 +258,15 @@ def test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves(hos
         assert [x for x in err.splitlines() if "cut off from the majority" in x] in ([], [line]), err
         for h in cut:  # nothing the minority wrote is committed
             assert commits(cluster.disk(h) / "ckpt") == before[h], err
+        no_repair = [e["reason"] for e in events("no_repair")]
+        assert no_repair == (["a network cut: the hosts cut off are not failed to MPI, so no repaired world can be "
+                              "made without them"] if scheme == "arf" else []), (no_repair, err)
         gasps = events("last_gasp_saved")
         assert [(e["rank"], e["failed"]) for e in gasps] == [(0, minority)], (out, err)
-        [side] = events("cut_side")  # the majority's agreed side
-        assert side["ranks"] == [r for r in range(n) if r not in minority] and side["left_out"] == minority, side
+        sides = events("cut_side")  # the majority's agreed side (for the repair, then for the last gasp with arf)
+        assert len(sides) == (2 if scheme == "arf" else 1), sides
+        for side in sides:
+            assert side["ranks"] == [r for r in range(n) if r not in minority] and side["left_out"] == minority, side
         assert gasps[0]["time"] - cut_at < 60, (gasps, cut_at)  # found and saved within a bounded time
         step = gasps[0]["global_step"]
         assert step >= 6 and f"rank(s) {', '.join(map(str, minority))} unreachable (a network cut, or a host gone " \
