@@ -9,6 +9,7 @@ Needs root and iproute2 (CI runs as root): skipped, with the reason, where names
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,6 +39,27 @@ LOST = ("dsim: error: host node2 lost: Open MPI's daemon there is gone with its 
         "(docs/cluster.md: a host lost); exit status 1")
 
 
+@contextlib.contextmanager
+def on_node1(cluster, tmp_path, args, ranks=None, until=6):
+    """The launch script run on node1 (rank 0's host), its checkpoints on each host's disk, the run's output in
+    tmp_path/first; yields the process once `until` steps are logged, and kills it, if still there, at the end."""
+    env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix, **({"RANK_SIZE": str(ranks)} if ranks else {})}
+    cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt", *args,
+           "--set", "output.dir=first"]
+    proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(steps(tmp_path / "first")) < until:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The same run on 1 host x 8 ranks, uninterrupted: (its directory, its losses)."""
@@ -59,23 +81,10 @@ def test_a_crashed_host_ends_the_job_non_zero_and_the_host_left_resumes_bit_iden
     ref, ref_losses = uninterrupted
     name = f"nf{os.getpid()}"
     with Cluster(hosts=2, slots=4, name=name) as cluster:
-        env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix}
-        cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt", *SMALL_ARGS,
-               "--set", "tft.ttp=true", "--set", "output.dir=first"]
-        proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            while len(steps(tmp_path / "first")) < 6:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.05)
+        with on_node1(cluster, tmp_path, [*SMALL_ARGS, "--set", "tft.ttp=true"]) as proc:
             cluster.kill_host(2)
             killed_after = len(steps(tmp_path / "first"))
             out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
         assert killed_after < 16 and proc.returncode == 1, out + err
         assert [line for line in err.splitlines() if line.startswith("dsim: error: host")] == [LOST], err
         # nothing left on either host within the launcher's end (its ranks ended with it; node2 killed whole)
@@ -90,6 +99,7 @@ def test_a_crashed_host_ends_the_job_non_zero_and_the_host_left_resumes_bit_iden
 
         resume = ["bash", str(ROOT / "launch" / "run_parallel_recover_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt",
                   *SMALL_ARGS, "--set", "output.dir=second"]
+        env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix}
         proc = run_command(cluster.command(1, resume, tmp_path), tmp_path, 150, 0, {**env, "HOSTFILE": ""})
         # node1's ranks (a whole replica) wrote their rescue files when they noticed, if they did in time (struck at
         # a random point, some wait in a collective among themselves: dsim.ft.rescue): then the resume commits the
@@ -227,26 +237,14 @@ def test_a_network_cut_stops_the_minority_and_the_side_with_the_quorum_saves(hos
     n = 2 * hosts
     minority = [r for h in cut for r in (2 * h - 2, 2 * h - 1)]
     with Cluster(hosts=hosts, slots=2, name=name) as cluster:
-        env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix, "RANK_SIZE": str(n)}
-        cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt", *CUT_ARGS,
-               "--set", "output.dir=first", *(["--set", "tft.arf=true"] if scheme == "arf" else [])]
-        proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         metrics = tmp_path / "first" / "metrics.jsonl"
         events = lambda kind: [e for e in map(json.loads, metrics.read_text().splitlines()) if e["event"] == kind]  # noqa: E731
-        try:
-            deadline = time.monotonic() + 120
-            while len(steps(tmp_path / "first")) < 6:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.05)
+        with on_node1(cluster, tmp_path, [*CUT_ARGS, *(["--set", "tft.arf=true"] if scheme == "arf" else [])],
+                      ranks=n) as proc:
             before = {h: commits(cluster.disk(h) / "ckpt") for h in range(1, hosts + 1)}
             apart(cluster, list(cut))
             cut_at = time.time()
             out, err = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
         reachable = ", ".join(f"node{h}" for h in cut)
         why = ("no strict majority" if 2 * len(cut) < hosts else
                "an even split, and rank 0's host node1 is on the other side")
@@ -301,24 +299,11 @@ def test_a_short_cut_heals_unnoticed_and_training_is_exact(tmp_path, tmp_path_fa
     ref, _ = made_once(tmp_path_factory, "short-cut-ref", 4, ["-m", "dsim.train", "--config", DEFAULT, *args,
                                                                 "--set", "output.dir=run"], check=0)
     with Cluster(hosts=2, slots=2, name=f"short{os.getpid()}") as cluster:
-        env = {**launch_env(), **cluster.env(), "VIRTUAL_ENV": sys.prefix, "RANK_SIZE": "4"}
-        cmd = ["bash", str(ROOT / "launch" / "run_parallel_save_ckpt.sh"), DEFAULT, f"{DISK_PATH}/ckpt", *args,
-               "--set", "output.dir=first"]
-        proc = subprocess.Popen(cluster.command(1, cmd, tmp_path), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            while len(steps(tmp_path / "first")) < 4:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.05)
+        with on_node1(cluster, tmp_path, args, ranks=4, until=4) as proc:
             cluster.cut(2)
             time.sleep(3)
             cluster.restore(2)
             out, err = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
     assert proc.returncode == 0, out + err
     assert "no answer from host" not in out and "dsim: error" not in err, out + err
     events = [json.loads(x)["event"] for x in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
