@@ -145,7 +145,8 @@ class Outcome:
         who = "; ".join(
             ([f"rank(s) {', '.join(map(str, self.failed))} {gone}"] if self.failed else []) +
             ([f"rank(s) {', '.join(map(str, self.damaged))} had an uncorrectable memory error (UCE)"]
-             if self.damaged else [])) or "a deadlock was broken, every rank alive"
+             if self.damaged else [])) or ("a network cut was found, and every rank answers again" if self.cut else
+                                            "a deadlock was broken, every rank alive")
         if self.corrupt:
             from .sdc import describe
             return (f"{who}; no last-gasp checkpoint: {describe(self.corrupt)} (silent data corruption since the "

@@ -61,3 +61,19 @@ def test_two_sides_of_a_cut_cannot_both_hold_the_quorum():
     names = ["node1", "node1", "node2", "node2", "node3", "node3", "node4", "node4"]
     assert decide(names, [0, 1, 2, 3]).holds and not decide(names, [4, 5, 6, 7]).holds  # 2+2: rank 0's host wins
     assert decide(names, [2, 3, 4, 5, 6, 7]).holds and not decide(names, [0, 1]).holds  # 3+1: the majority
+
+
+def test_the_last_gasp_line_after_a_cut_names_the_ranks_unreachable_and_says_a_network_cut():
+    """Its line carries "network cut": the launcher then stops mpirun once its host's ranks ended (launcher.CUT_MARK);
+    a cut found and healed before the side was agreed leaves every rank in it."""
+    from pathlib import Path
+
+    from dsim.ft.last_gasp import Outcome
+    from dsim.ft.launcher import CUT_MARK
+    out = Outcome([4, 5], step=8, directory=Path("ckpt"), name="ttp-2_4", survivors=4, cut=True)
+    assert out.message().startswith("rank(s) 4, 5 unreachable (a network cut, or a host gone silent; this side holds "
+                                    "the quorum of the hosts); last-gasp checkpoint ttp-2_4 (global step 8) committed")
+    healed = Outcome([], step=8, directory=Path("ckpt"), name="ttp-2_4", survivors=8, cut=True).message()
+    assert healed.startswith("a network cut was found, and every rank answers again; last-gasp checkpoint")
+    assert CUT_MARK.decode() in out.message() and CUT_MARK.decode() in healed
+    assert Outcome([4], step=8, directory=Path("ckpt"), name="x").message().startswith("rank(s) 4 failed; last-gasp")
