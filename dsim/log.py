@@ -25,7 +25,7 @@ def say(message: str) -> None:
     if bars is not None:
         bars.tqdm.write(message, file=sys.stdout)
     else:
-        print(message, file=sys.stdout)
+        sys.stdout.write(message + "\n")  # (one write: a line of another thread's never lands inside it)
     sys.stdout.flush()
 
 

@@ -14,8 +14,9 @@ dsim finds the sides itself, over plain TCP:
   answers, twice in a row, is cut off (or gone): the rank revokes its communicators, as after a death; the revoke
   reaches its own side. A host that answers refuses the connection of a rank that died: that is a death, MPI's to
   tell.
-- **the side** (survivors, in place of MPI's shrink in the last gasp and the repair in the job): every rank probes
-  again and sends its view (the ranks that answered) to each rank that answered; a side is agreed when every rank
+- **the side** (survivors, in place of MPI's shrink in the last gasp and the repair in the job): a rank whose own
+  watch did not find the cut takes MPI's shrink unless a host is silent to two probes 2 s apart; then every rank
+  probes again and sends its view (the ranks that answered) to each rank that answered; a side is agreed when every rank
   of the view sent the same view. A rank whose main thread is stuck in MPI (a send across the cut never returns)
   answers through its listener but never sends a view: after GRACE_SECONDS the others leave it out, and the side's
   lowest rank tells its listener to end it. Then the quorum rule (dsim.ft.quorum: hosts, rank 0's host on an even
@@ -49,7 +50,7 @@ UP, GONE, SILENT = "up", "gone", "silent"
 PROBE_SECONDS = 2.0   # how long a probe waits for the ranks to answer (a lost SYN is sent again after 1 s)
 WATCH_PROBE_SECONDS = 1.0  # the same from the hang watch's thread (its heartbeat waits meanwhile)
 WATCH_EVERY = 2.0     # seconds between two probes of the watch
-GRACE_SECONDS = 6.0   # how long a side waits for every rank that answers to take part in its agreement
+GRACE_SECONDS = 12.0  # how long a side waits for every rank that answers to take part (> the 2 probes + 2 s before)
 AGREE_SECONDS = 30.0  # the longest a side's agreement may take before its ranks stop
 CREATE_SECONDS = 30.0  # the longest MPI_Comm_create_group of an agreed side may take before the side stops
 SIOCGIFADDR = 0x8915
@@ -285,9 +286,14 @@ def survivors(world, runtime):
     links = runtime.links
     if links is None or links.world is not world:
         return runtime.collective(ulfm.shrink, world, runtime=runtime)
-    if SILENT not in links.probe().values():  # every rank answers, or refuses as a dead one's host does
-        return runtime.collective(ulfm.shrink, world, runtime=runtime)
-    runtime.cut_at = runtime.cut_at or time.time()
+    if runtime.cut_at is None:  # not found by this rank's watch: a host silent twice, WATCH_EVERY apart (a rank
+        # slow to answer on a loaded machine, or one being killed, is silent a moment; a host of them is not)
+        if not links.silent_hosts(links.probe()):  # every host answers (a dead rank's refuses): MPI's shrink
+            return runtime.collective(ulfm.shrink, world, runtime=runtime)
+        time.sleep(WATCH_EVERY)
+        if not links.silent_hosts(links.probe()):
+            return runtime.collective(ulfm.shrink, world, runtime=runtime)
+        runtime.cut_at = time.time()
     agreed = runtime.collective(side, links)  # (a wait for the others of its side, as the hang watch sees it)
     if agreed is None:
         _stop(f"dsim: error: rank {links.rank}: the ranks this side of a network cut reaches do not agree on who "
@@ -309,6 +315,7 @@ def survivors(world, runtime):
     try:
         comm = runtime.collective(links.dup.Create_group, group, 52)
     except MPI.Exception:  # MPI knows a rank of the world dead (a host gone, not cut): then its shrink completes
+        runtime.cut_at = None
         return runtime.collective(ulfm.shrink, world, runtime=runtime)
     finally:
         timer.cancel()
