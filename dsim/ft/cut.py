@@ -42,7 +42,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # a probe's answer: it said who it is; refused, or closed without a word (its process ended: its host is there);
 # nothing (or not the rank: another process at that address)
@@ -181,6 +181,11 @@ def _connect(targets: dict, seconds: float, message: dict | None = None) -> dict
     return out
 
 
+def identity(token: str, rank: int) -> bytes:
+    """What a rank's listener says on each connection: the job's token and its rank."""
+    return f"{token}:{rank}".encode()
+
+
 @dataclass
 class Links:
     """What this rank needs to find its side of a cut in the world it was armed for (arm)."""
@@ -193,19 +198,18 @@ class Links:
     listener: Listener
     seen: int = 0        # the watch's probes in a row that found a host silent
     last: float = 0.0    # when the watch last probed (time.monotonic())
-    said: set = field(default_factory=set)
 
     @property
     def rank(self) -> int:
         return self.world.rank
 
     def identity(self, rank: int) -> bytes:
-        return f"{self.token}:{rank}".encode()
+        return identity(self.token, rank)
 
-    def probe(self, seconds: float = PROBE_SECONDS, message=None) -> dict:
+    def probe(self, seconds: float = PROBE_SECONDS) -> dict:
         """Every rank's answer (this one: UP), from a connection to each (collective over nobody)."""
         targets = {r: (*self.peers[r], self.identity(r)) for r in range(len(self.names)) if r != self.rank}
-        out = _connect(targets, seconds, message)
+        out = _connect(targets, seconds)
         out[self.rank] = UP
         return out
 
@@ -253,24 +257,20 @@ def arm(run) -> None:
     world = groups.world
     listener = links.listener if links is not None else Listener()
     token = world.bcast(secrets.token_hex(8) if world.rank == 0 else None, root=0)
-    listener.identity = f"{token}:{world.rank}".encode()
+    listener.identity = identity(token, world.rank)
     table = world.allgather((addresses(), listener.port))
     # each other host's address that answers as its first rank (the same for all its ranks): a host's interfaces
     # may include ones every host has (a container bridge), where another process may take the connection
-    first = {}
-    for r, name in enumerate(hosts.names):
-        first.setdefault(name, r)
     peers = {}
-    for name, r in first.items():
-        addrs, port = table[r]
-        if r == world.rank or name == hosts.names[world.rank]:
+    for name in hosts.distinct:
+        ranks = hosts.ranks(name)
+        addrs, port = table[ranks[0]]
+        if name == hosts.names[world.rank]:
             address = "127.0.0.1"
         else:
-            answers = _connect({a: (a, port, f"{token}:{r}".encode()) for a in addrs}, PROBE_SECONDS)
+            answers = _connect({a: (a, port, identity(token, ranks[0])) for a in addrs}, PROBE_SECONDS)
             address = next((a for a in addrs if answers.get(a) == UP), addrs[0] if addrs else "127.0.0.1")
-        for q, n in enumerate(hosts.names):
-            if n == name:
-                peers[q] = (address, table[q][1])
+        peers.update({q: (address, table[q][1]) for q in ranks})
     runtime.links = Links(world, world.Dup(), tuple(hosts.names), peers, token, listener)
     runtime.cut_at = None
     runtime.poll = True  # (a blocking collective may never return after a cut: Runtime.collective)
@@ -284,15 +284,16 @@ def survivors(world, runtime):
 
     from . import quorum, ulfm
     links = runtime.links
+    shrink = lambda: runtime.collective(ulfm.shrink, world, runtime=runtime)  # noqa: E731 (MPI's)
     if links is None or links.world is not world:
-        return runtime.collective(ulfm.shrink, world, runtime=runtime)
+        return shrink()
     if runtime.cut_at is None:  # not found by this rank's watch: a host silent twice, WATCH_EVERY apart (a rank
         # slow to answer on a loaded machine, or one being killed, is silent a moment; a host of them is not)
         if not links.silent_hosts(links.probe()):  # every host answers (a dead rank's refuses): MPI's shrink
-            return runtime.collective(ulfm.shrink, world, runtime=runtime)
+            return shrink()
         time.sleep(WATCH_EVERY)
         if not links.silent_hosts(links.probe()):
-            return runtime.collective(ulfm.shrink, world, runtime=runtime)
+            return shrink()
         runtime.cut_at = time.time()
     agreed = runtime.collective(side, links)  # (a wait for the others of its side, as the hang watch sees it)
     if agreed is None:
@@ -316,7 +317,7 @@ def survivors(world, runtime):
         comm = runtime.collective(links.dup.Create_group, group, 52)
     except MPI.Exception:  # MPI knows a rank of the world dead (a host gone, not cut): then its shrink completes
         runtime.cut_at = None
-        return runtime.collective(ulfm.shrink, world, runtime=runtime)
+        return shrink()
     finally:
         timer.cancel()
         group.Free()
