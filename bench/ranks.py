@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -97,3 +98,54 @@ def free_port(comm) -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     return comm.bcast(port)
+
+
+# -- memory: peak RSS, and PSS (each shared page divided among the processes that map it) ---------------------------
+def release_freed() -> None:
+    """Give the heap's freed memory back to the kernel (glibc's malloc_trim) after a garbage collection: a
+    measurement that follows an earlier one in the same process then starts as a fresh process would, not
+    on the pages the earlier one freed but the heap kept resident."""
+    import ctypes
+    import gc
+    gc.collect()
+    from dsim import libc
+    trim = libc.function("malloc_trim", [ctypes.c_size_t])
+    if trim is not None:
+        trim(0)
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (VmHWM) to its current size (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _kib(path: str, *keys) -> list:
+    """The values of `Key:   N kB` lines of a /proc file, in bytes, read at one instant (0 for a key not there)."""
+    found = {}
+    for line in Path(path).read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in keys:
+            found[key] = int(value.split()[0]) * 1024
+    return [found.get(k, 0) for k in keys]
+
+
+def status(key: str) -> int:
+    """A /proc/self/status size (VmRSS, VmHWM, ...) in bytes."""
+    return _kib("/proc/self/status", key)[0]
+
+
+def peak_rss() -> int:
+    """Peak resident set size (VmHWM) of this process in bytes, since the last reset_peak_rss."""
+    return status("VmHWM")
+
+
+def shared_overcount() -> int:
+    """RSS - PSS now: what RSS counts of pages shared with other processes beyond this process's share. The kernel
+    keeps no peak PSS; peak RSS less this, read at the end of a measurement (the shared pages no longer change
+    then), is the peak PSS."""
+    rss, pss = _kib("/proc/self/smaps_rollup", "Rss", "Pss")
+    return rss - pss

@@ -41,8 +41,8 @@ from dsim.nn.layers import Dense
 from dsim.parallel import shared
 from dsim.parallel.groups import allreduce_sum, sum_chunks
 
-from .ranks import (WARMUP, StepClock, free_port, median_time, per_step, rotated, side_by_side, timed_call,
-                    worker_parser)
+from .ranks import (WARMUP, StepClock, free_port, median_time, peak_rss, per_step, reset_peak_rss, rotated,
+                    shared_overcount, side_by_side, status, timed_call, worker_parser)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMED = {"Alltoallv", "Allgatherv", "Allgather", "Allreduce", "Alltoall", "allreduce", "allgather", "Bcast"}
@@ -81,35 +81,7 @@ def matmul_floor(network, local_batch: int) -> float:
     return total
 
 
-def reset_peak_rss() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _kib(path: str, *keys) -> list:
-    """The values of `Key:   N kB` lines of a /proc file, in bytes, read at one instant (0 for a key not there)."""
-    found = {}
-    for line in Path(path).read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in keys:
-            found[key] = int(value.split()[0]) * 1024
-    return [found.get(k, 0) for k in keys]
-
-
-def _status(key: str) -> int:
-    return _kib("/proc/self/status", key)[0]
-
-
-def peak_rss() -> int:
-    return _status("VmHWM")
-
-
-def shared_overcount() -> int:
-    """RSS - PSS now: what RSS counts of pages shared with other processes beyond this process's share."""
-    rss, pss = _kib("/proc/self/smaps_rollup", "Rss", "Pss")
-    return rss - pss
-
-
-BASELINE_RSS = _status("VmRSS")  # the interpreter with numpy, mpi4py, h5py and dsim imported, before any run
+BASELINE_RSS = status("VmRSS")  # the interpreter with numpy, mpi4py, h5py and dsim imported, before any run
 
 
 def dsim_once(comm, cfg, memory: bool) -> dict:

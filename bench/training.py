@@ -46,6 +46,7 @@ WHAT = {"a": "async checkpoint every {} step(s)", "p": "async checkpoint staged 
 
 
 STALL_TARGET, SAVE_MEMORY_TARGET = 0.10, 0.5
+PSS_TARGET = 1.5  # peak PSS over training, saves included, per rank / parameters + gradients + optimizer state
 
 
 def summarize(params: dict, raw: dict) -> dict:
@@ -94,7 +95,13 @@ def memory_rows(reps, figures) -> list:
             continue
         ratio = [rss / s for rss, s in zip(per(label, "peak_rss_bytes"), state)]
         figures[f"{label}_peak_rss_over_state"] = ratio
-        rows.append(row(f"peak RSS / that, {what}", ratio, "x"))
+        rows.append(row(f"peak RSS / that, {what} (the build included)", ratio, "x"))
+        if "peak_pss_bytes" in variants[label]:   # (not in results stored before it was measured)
+            pss = [p / s for p, s in zip(per(label, "peak_pss_bytes"), state)]
+            figures[f"{label}_peak_pss_over_state"] = pss
+            rows.append(row(f"peak PSS over training / that, {what}", pss, "x", f"<= {PSS_TARGET}x",
+                            statistics.median(pss) <= PSS_TARGET,
+                            "shared pages divided among the node's processes; the build left out"))
     for label, what in (("k=10", "a synchronous save"), ("async k=10", "an async save"),
                         ("async page_cache k=10", "an async save staged in the page cache")):
         if label not in variants:

@@ -16,12 +16,12 @@ baseline, and the copies' own time in their step-end hook (snapshot, exchange, w
 step (ModelCheckpoint.stalls: a synchronous save's whole time, an async save's start), how long the update
 after an async save waited for its staging (Optimizer.held), and the peak
 resident memory of each rank (VmHWM, reset before the variant through /proc/self/clear_refs) beside the
-bytes of its parameters, gradients and optimizer state.
+bytes of its parameters, gradients and optimizer state, and its peak PSS over training alone (the peak reset
+again after the build; PSS divides each shared page among the processes that map it: bench.ranks.shared_overcount).
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import shutil
 import statistics
@@ -34,6 +34,8 @@ from dsim.checkpoint import ModelCheckpoint
 from dsim.config import load_config
 from dsim.build import build_run
 from dsim.engine.callbacks import Callback
+
+from .ranks import peak_rss, release_freed, reset_peak_rss, shared_overcount
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,25 +77,6 @@ def variants(plan: str):
     return out
 
 
-def reset_peak_rss() -> bool:
-    """Reset this process's peak resident set size (VmHWM) to its current size (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int:
-    """Peak resident set size (VmHWM) of this process in bytes."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def state_bytes(run) -> int:
     """Bytes of this rank's parameters, gradients and optimizer state."""
     params = run.network.trainable_params()
@@ -118,13 +101,16 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) 
     cfg = load_config(config, [*overrides, "train.epochs=1", f"train.steps_per_epoch={steps}",
                                f"data.num_samples={steps * 32}", "data.batch_size=32", "output.progress_bar=false",
                                f"output.loss_every={steps}", f"output.dir={d}", *ckpt, *tft_overrides(label)])
-    gc.collect()  # the previous variant's run (reference cycles) freed now, not inside this one's peak
+    release_freed()  # the previous variant's run (reference cycles) freed now and its heap given back: not in this peak
     reset = reset_peak_rss()
     run = build_run(cfg, comm)
     clock = StepClock()
     callbacks = run.callbacks([clock])  # what run.train() uses, plus the clock last
+    built = peak_rss()
     comm.Barrier()
+    reset_peak_rss()  # training's own peak from here (its saves included), for the PSS
     run.model.train(cfg.train.epochs, run.loader, callbacks)
+    trained, overcount = peak_rss(), shared_overcount()
     comm.Barrier()
     savers = [c for c in callbacks if isinstance(c, ModelCheckpoint)]
     saves = sum(len(c.saved) for c in savers)
@@ -132,7 +118,8 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) 
     stall = comm.allreduce(statistics.median(stalls) if stalls else 0.0, op=MPI.MAX)
     held = run.optimizer.held  # how long each update after an async save waited for its staging
     held = comm.allreduce(statistics.median(held) if held else 0.0, op=MPI.MAX)
-    rss, state = comm.allgather(peak_rss()), comm.allgather(state_bytes(run))
+    rss, state = comm.allgather(max(built, trained)), comm.allgather(state_bytes(run))
+    pss = comm.allgather(trained - overcount)
     snapshot = comm.allgather(sum(c.snapshot.bytes() for c in savers))
     copies = run.peer_copies
     copy_s = comm.allreduce(copies.seconds / max(copies.steps, 1) if copies is not None else 0.0, op=MPI.MAX)
@@ -141,7 +128,8 @@ def train_once(comm, config, overrides, label, k, steps, d: Path, staging=None) 
     run.groups.free()
     ends = clock.ends
     return {"copy_s": copy_s, "copy_bytes": copy_bytes, "steps": len(ends), "saves": saves, "step_s": (clock.finished - ends[0]) / (len(ends) - 1),
-            "stall_s": stall, "held_s": held, "peak_rss_bytes": rss, "state_bytes": state, "snapshot_bytes": snapshot,
+            "stall_s": stall, "held_s": held, "peak_rss_bytes": rss, "peak_pss_bytes": pss,
+            "state_bytes": state, "snapshot_bytes": snapshot,
             "peak_reset": reset}
 
 
