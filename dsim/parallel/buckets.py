@@ -15,10 +15,12 @@ import numpy as np
 
 from .groups import sum_chunks
 
-# DDP's bucket_cap_mb is 25 MB; here the receive buffer a bucket needs is as large as the bucket, so smaller
-# buckets save memory, and 8 MiB keeps MPI at full speed (30 MiB over dp2: 8 MiB buckets 19.4 ms, 32 MiB 22.3 ms;
-# 121 MiB over dp8: 486 against 464 ms; a raw Allreduce 17.4 and 766 ms: /tmp/perf/bk.py, loaded machine)
-BUCKET_BYTES = 8 << 20
+# DDP's bucket_cap_mb is 25 MB; here a bucket costs memory as large as itself over three or more ranks (the receive
+# buffer, kept) and half of it over two (MPI_Allreduce's own temporary, which the heap keeps), so smaller buckets
+# save memory, down to where MPI slows: 30 MiB over dp2 in 16.1-17.0 ms with 8 MiB buckets, 15.7-15.9 with 4 MiB,
+# 16.1-25.2 with 2 MiB; 121 MiB over dp4 113 / 107 / 184 ms, over dp8 126 / 129 / 187 ms (the three sizes side by
+# side in one job, 8 ranks on 2 cores, 2026-12-07)
+BUCKET_BYTES = 4 << 20
 
 
 class GradientBuckets:
