@@ -115,6 +115,27 @@ def test_single_layers():
     assert np.allclose(out.mean(-1), 0) and np.allclose(out.std(-1), 1, atol=1e-4)
 
 
+@pytest.mark.parametrize("k, shape", [(2, (3, 2, 6, 8)), (2, (2, 3, 7, 9)), (3, (2, 2, 9, 10))])
+def test_max_pooling_takes_the_first_maximum_of_each_window_bit_for_bit(k, shape):
+    # ties everywhere (rounded values, zeros of both signs, as after a ReLU): the value and the gradient are
+    # those of the first maximum in row-major order, as a loop over windows with an argmax gives them
+    rng = np.random.default_rng(k)
+    x = np.round(rng.normal(size=shape)).astype(np.float32) * (rng.random(shape) > 0.4)
+    x[rng.random(shape) > 0.7] = -0.0
+    dy = rng.normal(size=(shape[0], shape[1], shape[2] // k, shape[3] // k)).astype(np.float32)
+    dy[0, 0, 0, 0] = -0.0
+    want_y, want_dx = np.zeros(dy.shape, np.float32), np.zeros(shape, np.float32)
+    for idx in np.ndindex(dy.shape):
+        n, c, i, j = idx
+        window = x[n, c, i * k:(i + 1) * k, j * k:(j + 1) * k]
+        a, b = divmod(int(np.argmax(window)), k)
+        want_y[idx] = window[a, b]
+        want_dx[n, c, i * k + a, j * k + b] = dy[idx]
+    pool = MaxPool2d(k)
+    assert pool.forward(x).tobytes() == want_y.tobytes()
+    assert pool.backward(dy).tobytes() == want_dx.tobytes()
+
+
 @pytest.mark.parametrize("model, options, mp, message", [
     ("lenet5", {}, 3, "conv2's 16 output channels are not divisible by model_parallel=3"),
     ("transformer", dict(num_heads=6, d_model=24), 4, "num_heads=6 is not divisible by model_parallel=4"),
