@@ -75,6 +75,11 @@ def summarize(params: dict, raw: dict) -> dict:
         rows.append(row(f"{key}: dsim / torch{ddp} time per step", ratios, "x", "<= 1.0x",
                         statistics.median(ratios) <= 1.0))
         rows.append(row(f"{key}: its optimizer update, dsim's / torch's optimizer.step() (in the same steps)", update, "x"))
+        if all("data_s" in x["dsim"] for r in reps for x in r):   # (not in results stored before it was measured)
+            drawn = [(a - _mean(r, "dsim", "data_s")) / b for a, b, r in zip(step, peer, reps)]
+            f.update(step_less_data_over_torch=drawn)
+            rows.append(row(f"{key}: dsim's step less drawing its synthetic batch / torch's step (torch reuses one "
+                            "batch)", drawn, "x"))
         if result.get("parts"):
             rows += bound_rows(key, result["parts"], step, peer, f)
     return {"params": params, "figures": figures, "raw": raw, "rows": rows}

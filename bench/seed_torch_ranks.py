@@ -6,7 +6,8 @@
 Every repeat trains dsim (the config's model, batch and optimizer; no checkpoints) and the same model in torch
 (bench.torch_peers: one thread per rank, DistributedDataParallel on gloo over several ranks) on this rank's
 first batch of dsim's loader, in a rotating order. Time per step leaves out the first two steps; each
-framework's optimizer update is timed inside its steps as well. --parts also times, in one process, the layers
+framework's optimizer update is timed inside its steps as well, and dsim's drawing of its batches (torch
+reuses one). --parts also times, in one process, the layers
 whose kernels numpy cannot match alone (LeNet5's convolutions and poolings: forward and backward of dsim's
 beside torch's on the same input) -- what bounds dsim's step beside torch's.
 """
@@ -32,19 +33,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def dsim_once(comm, cfg) -> dict:
     gc.collect()
     run = build_run(cfg, comm)
-    clock, upd, counted = StepClock(), {"s": 0.0}, {}
+    clock, upd, data, counted = StepClock(), {"s": 0.0}, {"s": 0.0}, {}
     run.optimizer.apply = timed_call(run.optimizer.apply, upd)
+    run.loader.source.get = timed_call(run.loader.source.get, data)   # drawing the synthetic batch
 
-    class Mark(Callback):  # the update's time over the measured steps only
+    class Mark(Callback):  # the update's and the batches' time over the measured steps only
         def step_end(self, run_context):
             if len(clock.ends) == WARMUP + 1:
-                counted["start"] = upd["s"]
+                counted.update(start=upd["s"], data_start=data["s"])
     comm.Barrier()
     run.model.train(cfg.train.epochs, run.loader, run.callbacks([clock, Mark()]))
     comm.Barrier()
     run.groups.free()
     steps = len(clock.ends) - 1 - WARMUP
-    return {"step_s": clock.step_s(), "update_s": (upd["s"] - counted["start"]) / steps}
+    return {"step_s": clock.step_s(), "update_s": (upd["s"] - counted["start"]) / steps,
+            "data_s": (data["s"] - counted["data_start"]) / steps}
 
 
 def torch_once(comm, cfg, batch, steps: int, port: int) -> dict:
@@ -65,8 +68,9 @@ def first_batch(comm, cfg):
 
 def layer_parts(comm, cfg, with_torch: bool) -> dict:
     """Seconds of forward + backward of each convolution and pooling of the network alone, dsim's beside
-    torch's (conv2d with the same weight, max_pool2d; the same input and output gradient), medians of 20 calls
-    made in turn, keyed by the layer's place in the network."""
+    torch's (conv2d with the same weight, max_pool2d; the same input and output gradient; the first layer's input
+    gradient left out, as in the step), medians of 20 calls made in turn, keyed by the layer's place in the
+    network."""
     run = build_run(cfg, comm)
     _, _, x, _ = next(run.loader.batches(1))
     mp, out = run.groups.mp, {}
@@ -74,21 +78,23 @@ def layer_parts(comm, cfg, with_torch: bool) -> dict:
         y = layer.forward(x, mp)
         if isinstance(layer, (Conv2d, MaxPool2d)):
             dy = np.random.default_rng(i).standard_normal(y.shape).astype(y.dtype)
-            calls = {"dsim": lambda layer=layer, x=x, dy=dy: (layer.forward(x, mp), layer.backward(dy, mp))}
+            need_dx = i > 0   # as in the step: the first layer's input needs no gradient
+            calls = {"dsim": lambda layer=layer, x=x, dy=dy, need_dx=need_dx: (layer.forward(x, mp),
+                                                                                layer.backward(dy, mp, need_dx))}
             if with_torch:
-                calls["torch"] = torch_layer(layer, x, dy)
+                calls["torch"] = torch_layer(layer, x, dy, need_dx)
             out[f"{i}: {layer!r}"] = side_by_side(comm, calls, 21)
         x = y
     run.groups.free()
     return out
 
 
-def torch_layer(layer, x, dy):
-    """torch's forward and backward (the input's gradient, and the weight's) of a dsim Conv2d or MaxPool2d on
-    these arrays, as a call."""
+def torch_layer(layer, x, dy, need_dx=True):
+    """torch's forward and backward (the input's gradient unless need_dx is false, and the weight's) of a dsim
+    Conv2d or MaxPool2d on these arrays, as a call."""
     import torch
     import torch.nn.functional as F
-    xt, dyt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(dy)
+    xt, dyt = torch.from_numpy(x).requires_grad_(need_dx or not isinstance(layer, Conv2d)), torch.from_numpy(dy)
     if isinstance(layer, Conv2d):
         wt = torch.from_numpy(layer.params[0].data.copy()).requires_grad_()
         forward = lambda: F.conv2d(xt, wt)  # noqa: E731
