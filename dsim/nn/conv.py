@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..parallel.groups import allreduce_sum
 from ..parallel.layout import ParamSpec
-from .layers import Layer
+from .layers import Layer, keep_mask, kept
 
 
 class Conv2d(Layer):
@@ -107,7 +107,7 @@ class MaxPool2d:
             first = view == out
             first &= ~taken
             taken |= first
-            dx[:, :, i:ho * k:k, j:wo * k:k] = np.where(first, dy, 0)   # +0.0 elsewhere, as a scatter into zeros
+            dx[:, :, i:ho * k:k, j:wo * k:k] = kept(dy, keep_mask(first, dy.dtype))   # +0.0 elsewhere, as a scatter
         return dx
 
     def __repr__(self):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from dsim.nn import GELU, Conv2d, LayerNorm, MaxPool2d, create_network
+from dsim.nn import GELU, Conv2d, LayerNorm, MaxPool2d, ReLU, create_network
 from dsim.parallel.layout import LayoutError, ParallelLayout
 
 SELF = MPI.COMM_SELF
@@ -113,6 +113,19 @@ def test_single_layers():
                  for s in ln.specs]
     out = ln.forward(rng.normal(size=(3, 4)))
     assert np.allclose(out.mean(-1), 0) and np.allclose(out.std(-1), 1, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_is_np_where_bit_for_bit(dtype):
+    # the bitwise and of dsim.nn.layers.kept: 0.0 for a -0.0 or a NaN as np.where(x > 0, x, 0), on a strided input
+    x = np.random.default_rng(3).normal(size=(4, 5, 6, 3)).astype(dtype).transpose(0, 3, 1, 2)
+    x[0, 0, 0, :5] = [-0.0, np.nan, 0.0, -np.inf, np.inf]
+    dy = np.random.default_rng(4).normal(size=x.shape).astype(dtype)
+    dy[0, 0, 0, 0] = np.nan
+    relu = ReLU()
+    y = relu.forward(x, SELF)
+    assert y.dtype == dtype and y.tobytes() == np.where(x > 0, x, 0).tobytes()
+    assert relu.backward(dy, SELF).tobytes() == np.where(x > 0, dy, 0).tobytes()
 
 
 @pytest.mark.parametrize("k, shape", [(2, (3, 2, 6, 8)), (2, (2, 3, 7, 9)), (3, (2, 2, 9, 10))])
