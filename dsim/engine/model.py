@@ -90,7 +90,7 @@ class Model:
         net.backward(dlogits, groups.mp)
         # gradient (and loss) reduction over data parallel, in place in the gradient buckets
         buckets.loss[0] = loss
-        buckets.allreduce(groups.dp, between=self.point("allreduce", step))
+        buckets.allreduce(groups.dp, between=lambda: self.reach("allreduce", step))
         # update
         self.optimizer.apply(halfway=lambda: self.reach("update", step))
         self.optimizer.sync(groups.shard)
@@ -102,18 +102,13 @@ class Model:
         groups = self.groups
         buckets.loss[0] = self.pipeline.run(groups.world, groups.mp, groups.dp, inputs, labels, buckets.flat[:-1],
                                             self.global_batch_size, halfway=lambda: self.reach("forward", step))
-        buckets.allreduce(groups.dp, between=self.point("allreduce", step))
+        buckets.allreduce(groups.dp, between=lambda: self.reach("allreduce", step))
         # the loss to every rank before the update, as without stages: a rank that finishes its update then has
         # nothing left to wait for in this step (a fault in another rank's update cannot hide the step's loss)
         loss = self.pipeline.share_loss(groups.world, float(buckets.loss[0]))
         self.optimizer.apply(halfway=lambda: self.reach("update", step))
         self.optimizer.sync(groups.shard)
         return loss
-
-    def point(self, point: str, step: int):
-        """reach(point, step) as a callable for a collective to call between its phases, or None with no observer
-        (a sum over two ranks is then one MPI_Allreduce, with no receive buffer of dsim's: dsim.parallel.groups)."""
-        return (lambda: self.reach(point, step)) if self.points else None
 
     def reach(self, point: str, step: int) -> None:
         """The step's part `point` is halfway: tell the observers (self.points)."""
