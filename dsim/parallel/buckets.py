@@ -15,12 +15,16 @@ import numpy as np
 
 from .groups import sum_chunks
 
-# DDP's bucket_cap_mb is 25 MB; here a bucket costs memory as large as itself over three or more ranks (the receive
-# buffer, kept) and half of it over two (MPI_Allreduce's own temporary, which the heap keeps), so smaller buckets
-# save memory, down to where MPI slows: 30 MiB over dp2 in 16.1-17.0 ms with 8 MiB buckets, 15.7-15.9 with 4 MiB,
+# DDP's bucket_cap_mb is 25 MB; here a bucket costs memory as large as itself (the receive buffer, kept: every
+# bucket over three or more ranks, the first one, with the fault point, over two) and over two ranks half of it
+# more (MPI_Allreduce's own temporary, which the heap keeps), so smaller buckets save memory, down to where MPI slows: 30 MiB over dp2 in 16.1-17.0 ms with 8 MiB buckets, 15.7-15.9 with 4 MiB,
 # 16.1-25.2 with 2 MiB; 121 MiB over dp4 113 / 107 / 184 ms, over dp8 126 / 129 / 187 ms (the three sizes side by
 # side in one job, 8 ranks on 2 cores, 2026-12-07)
 BUCKET_BYTES = 4 << 20
+# The first bucket of a step is summed with its fault point between its phases (all-to-all, then all-gather), so over
+# two ranks it is the only one that needs a receive buffer: a smaller one keeps that buffer small (the bits are the
+# same whatever the buckets' sizes)
+FIRST_BUCKET_BYTES = 1 << 20
 
 
 class GradientBuckets:
@@ -37,6 +41,7 @@ class GradientBuckets:
             offset += n
         self.loss = self.flat[-1:]   # the step's loss travels with the gradients (one reduction for both)
         self.bucket_elems = max(1, bucket_bytes // self.dtype.itemsize)
+        self.first_elems = max(1, min(bucket_bytes, FIRST_BUCKET_BYTES) // self.dtype.itemsize)
         self._recv = {}              # group size -> a reusable receive buffer
 
     def serves(self, params) -> bool:
@@ -51,16 +56,20 @@ class GradientBuckets:
                 between()
             return
         n = self.flat.size
-        for start in range(0, n, self.bucket_elems):
-            self._reduce(comm, self.flat[start:min(n, start + self.bucket_elems)], between if start == 0 else None)
+        first = min(n, self.first_elems)
+        self._reduce(comm, self.flat[:first], between)
+        for start in range(first, n, self.bucket_elems):
+            self._reduce(comm, self.flat[start:min(n, start + self.bucket_elems)], None)
 
     def _reduce(self, comm, flat, between):
         sum_chunks(comm, flat, flat, lambda n: self._recv_buffer(comm.size, n), between)
 
     def _recv_buffer(self, p: int, n: int) -> np.ndarray:
-        """A buffer of n elements for a group of p, made once: as large as the largest bucket needs."""
+        """A buffer of n elements for a group of p, made once: as large as the largest bucket that needs one (over
+        two ranks only the first bucket, the others being one MPI_Allreduce: dsim.parallel.groups.sum_chunks)."""
         buf = self._recv.get(p)
         if buf is None or buf.size < n:
-            chunk = -(-min(self.bucket_elems, self.flat.size) // p)   # the largest chunk any bucket gives
+            largest = self.first_elems if p == 2 else self.bucket_elems
+            chunk = -(-min(largest, self.flat.size) // p)   # the largest chunk such a bucket gives
             buf = self._recv[p] = np.empty(max(p * chunk, n), dtype=self.dtype)
         return buf[:n]
