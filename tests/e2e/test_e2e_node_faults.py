@@ -70,8 +70,8 @@ def uninterrupted(tmp_path_factory):
 
 def test_a_crashed_host_ends_the_job_non_zero_and_the_host_left_resumes_bit_identical(uninterrupted, tmp_path):
     """2 hosts x 4 ranks through the launch script, node-local checkpoints; every process of node2 (its prted too)
-    killed at once after step 6. The launcher exits 1 with one line naming node2; no last gasp exists (Open MPI 5.0's
-    runtime leaves none possible to agree), the newest committed checkpoint on node1's disk is a periodic one;
+    killed at once after step 6. The launcher exits 1 with one line naming node2; a last gasp exists only when the
+    survivors agreed on it before Open MPI 5.0's runtime ended the job (it almost never leaves them the time);
     nothing is left running; the recover script on node1 alone (no hostfile: its 8 ranks there) resumes from the
     survivors' rescue when it is complete, else from that checkpoint, node2's shards from the replicas, and its
     losses and final tensors equal the uninterrupted run's bit for bit."""
@@ -93,7 +93,10 @@ def test_a_crashed_host_ends_the_job_non_zero_and_the_host_left_resumes_bit_iden
             time.sleep(0.1)
         assert [cluster.processes(h) for h in (1, 2)] == [[cluster.keepers[1]], [cluster.keepers[2]]]
         disk = cluster.disk(1) / "ckpt"
-        assert not list(disk.glob("ttp_checkpoints/*/*.commit"))
+        # Open MPI 5.0's runtime ends the job once node2's daemon is lost, almost always before the survivors agree on
+        # a last gasp; when they agree first, node1's ranks (a whole replica) commit it on node1's disk
+        gasps = [json.loads(p.read_text())["global_step"] for p in disk.glob("ttp_checkpoints/*/*.commit")]
+        assert not gasps or killed_after - 1 <= max(gasps) <= len(steps(tmp_path / "first")), (gasps, killed_after)
         committed = max(json.loads(p.read_text())["global_step"] for p in disk.glob("network-*.commit"))
         assert 4 <= committed <= killed_after, (committed, killed_after)
 
@@ -106,7 +109,10 @@ def test_a_crashed_host_ends_the_job_non_zero_and_the_host_left_resumes_bit_iden
         # newest complete step and starts there, else from the periodic checkpoint, node2's shards from replicas
         rescued = re.search(r"dsim: recovery: the rescue files of step (\d+), .* committed as the last-gasp "
                             r"checkpoint ttp-\d+_\d+ in ", proc.stdout)
-        if rescued:
+        if gasps:   # the last gasp the survivors agreed on, node2's shards from replicas
+            committed = max(gasps)
+            assert "4 shard(s) of ttp-" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        elif rescued:
             committed = int(rescued.group(1))
             # (a rank whose update of the step rank 0 logged last was not done holds the step before)
             assert killed_after - 1 <= committed <= len(steps(tmp_path / "first")), (committed, killed_after)
