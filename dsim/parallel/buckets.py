@@ -16,10 +16,10 @@ import numpy as np
 from .groups import sum_chunks
 
 # DDP's bucket_cap_mb is 25 MB; here a bucket costs memory as large as itself (the receive buffer, kept: every
-# bucket over three or more ranks, the first one, with the fault point, over two) and over two ranks half of it
-# more (MPI_Allreduce's own temporary, which the heap keeps), so smaller buckets save memory, down to where MPI slows: 30 MiB over dp2 in 16.1-17.0 ms with 8 MiB buckets, 15.7-15.9 with 4 MiB,
-# 16.1-25.2 with 2 MiB; 121 MiB over dp4 113 / 107 / 184 ms, over dp8 126 / 129 / 187 ms (the three sizes side by
-# side in one job, 8 ranks on 2 cores, 2026-12-07)
+# bucket over three or more ranks, only the first over two) and over two ranks half of it more (MPI_Allreduce's own
+# temporary, which the heap keeps), so smaller buckets save memory, down to where MPI slows: 30 MiB over dp2 in
+# 16.1-17.0 ms with 8 MiB buckets, 15.7-15.9 with 4 MiB, 16.1-25.2 with 2 MiB; 121 MiB over dp4 113 / 107 / 184 ms,
+# over dp8 126 / 129 / 187 ms (the three sizes side by side in one job, 8 ranks on 2 cores, 2026-12-07)
 BUCKET_BYTES = 4 << 20
 # The first bucket of a step is summed with its fault point between its phases (all-to-all, then all-gather), so over
 # two ranks it is the only one that needs a receive buffer: a smaller one keeps that buffer small (the bits are the
@@ -65,11 +65,10 @@ class GradientBuckets:
         sum_chunks(comm, flat, flat, lambda n: self._recv_buffer(comm.size, n), between)
 
     def _recv_buffer(self, p: int, n: int) -> np.ndarray:
-        """A buffer of n elements for a group of p, made once: as large as the largest bucket that needs one (over
-        two ranks only the first bucket, the others being one MPI_Allreduce: dsim.parallel.groups.sum_chunks)."""
+        """A buffer of n elements for a group of p, kept and grown to the largest n asked: every step sums the same
+        buckets, so it grows in the first step only, to the largest bucket that needs one (over two ranks only the
+        first: the others are one MPI_Allreduce, dsim.parallel.groups.sum_chunks)."""
         buf = self._recv.get(p)
         if buf is None or buf.size < n:
-            largest = self.first_elems if p == 2 else self.bucket_elems
-            chunk = -(-min(largest, self.flat.size) // p)   # the largest chunk such a bucket gives
-            buf = self._recv[p] = np.empty(max(p * chunk, n), dtype=self.dtype)
+            buf = self._recv[p] = np.empty(n, dtype=self.dtype)
         return buf[:n]
