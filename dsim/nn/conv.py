@@ -101,7 +101,9 @@ class MaxPool2d:
     def backward(self, dy, mp_comm=None, need_dx=True):
         x, out = self._x, self._out
         ho, wo = out.shape[2], out.shape[3]
-        dx = np.zeros(x.shape, dtype=dy.dtype)
+        # dx laid out in memory as x: behind a convolution (and its ReLU) channels-last, so that the ReLU's backward
+        # reads its mask in order and the convolution's backward takes dx's rows without copying them
+        dx = np.zeros_like(x, dtype=dy.dtype)
         taken = np.zeros(out.shape, dtype=bool)
         for view, into in zip(self._offsets(x, ho, wo), self._offsets(dx, ho, wo)):   # each window's first maximum
             first = view == out                                                       # takes its gradient
