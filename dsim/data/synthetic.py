@@ -6,6 +6,7 @@ any sample without generating the others, and a resumed run sees exactly the sam
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .errors import DatasetError
 from .mnist import normalize
@@ -78,22 +79,29 @@ class SyntheticMNIST:
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_samples):
             raise DatasetError(f"sample index out of range [0, {self.num_samples}): "
                                f"{idx[(idx < 0) | (idx >= self.num_samples)][0]}")
-        images = np.empty((idx.size, 1, SIDE, SIDE), dtype=np.float32)
-        labels = np.empty(idx.size, dtype=np.int64)
-        for k, i in enumerate(idx):
-            images[k, 0], labels[k] = self._sample(int(i))
-        images = np.clip(images, 0.0, 1.0)
+        images, labels = self._images(idx)
+        np.clip(images, 0.0, 1.0, out=images)
         if self.image_size is not None:
             # the fault-recovery page's LeNet5 pipeline: Rescale(1/255), Resize(32, 32), no Normalize
             return resize_bilinear(images, self.image_size, self.image_size).astype(self.dtype), labels
         return normalize(images, self.dtype), labels
 
-    def _sample(self, i: int) -> tuple[np.ndarray, int]:
-        """Unclipped image (about [0, 1]) and label of sample i, drawn from the (seed, i) stream only."""
-        rng = np.random.default_rng([self.seed, _SAMPLE_TAG, i])
-        label = int(rng.integers(10))
-        dy, dx = rng.integers(0, 2 * _SHIFT + 1, size=2)
-        contrast = rng.uniform(0.6, 1.2)
-        noise = rng.standard_normal((SIDE, SIDE), dtype=np.float32)
-        img = self._padded[label, dy:dy + SIDE, dx:dx + SIDE] * np.float32(contrast)
-        return img + np.float32(_NOISE) * noise, label
+    def _images(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unclipped images (n, 1, SIDE, SIDE) (about [0, 1]) and labels of samples idx, sample i drawn from the
+        (seed, i) stream only: its label, shift, contrast and noise, in that order; the arithmetic on the batch."""
+        n = idx.size
+        labels, shifts = np.empty(n, dtype=np.int64), np.empty((n, 2), dtype=np.int64)
+        contrast = np.empty(n, dtype=np.float32)
+        noise = np.empty((n, 1, SIDE, SIDE), dtype=np.float32)
+        for k, i in enumerate(idx.tolist()):
+            rng = np.random.default_rng([self.seed, _SAMPLE_TAG, i])
+            labels[k] = rng.integers(10)
+            shifts[k] = rng.integers(0, 2 * _SHIFT + 1, size=2)
+            contrast[k] = rng.uniform(0.6, 1.2)
+            rng.standard_normal(dtype=np.float32, out=noise[k, 0])
+        # each image: its prototype shifted, times its contrast, plus the noise's share
+        shifted = sliding_window_view(self._padded, (SIDE, SIDE), axis=(1, 2))[labels, shifts[:, 0], shifts[:, 1]]
+        images = np.multiply(shifted[:, None], contrast[:, None, None, None])
+        noise *= np.float32(_NOISE)
+        images += noise
+        return images, labels
