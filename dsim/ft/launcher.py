@@ -64,6 +64,8 @@ END_ABORT = re.compile(r"^prterun: .*Assertion .* failed\.$", re.M)
 LOST_DAEMON = {
     "PRTE has lost communication with a remote daemon": re.compile(r"^\s*Remote daemon:.* on node (\S+)\s*$", re.M),
     "A daemon failed to report back": re.compile(r"^\s*Remote host:\s*(\S+)\s*$", re.M)}
+CUT_WAIT = 35.0   # after a network cut: seconds the ranks still below mpirun (the other side's, on a test cluster) may
+                  # take to stop on their own (dsim.ft.cut: an agreement takes 30 s at most) before the job is stopped
 LOST_WAIT = 10.0  # seconds the ranks left on this host after a lost host may take to end before they are killed
 TOLD = "DSIM_TOLD"  # the variable naming the file where ranks keep the lines that tell how the job ended (dsim.log)
 
@@ -275,10 +277,24 @@ def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_second
             if why is not None:
                 if why == "stalled":
                     watch.ranks_status = watch.status()
+                    if watch.cut:
+                        across_cut(proc.pid)
                 else:  # hung: where was each rank? (their stacks on stderr, then killed)
                     ask_for_stacks(proc.pid)
                 kill_tree(proc.pid, group)
                 return why
+
+
+def across_cut(pid: int, seconds: float = CUT_WAIT) -> None:
+    """After a network cut, before mpirun (pid) is stopped: the ranks still running below it are given `seconds` to
+    stop on their own. Over ssh there are none: the other side's ranks run on their hosts, which mpirun's stop does
+    not reach. On the test cluster (dsim.cluster) they are processes below mpirun's agents, which its stop would kill:
+    a side without the quorum would then end before it had found the cut and said so (its cut_off event). A rank
+    stopped (SIGSTOP: a host gone silent is one) is not waited for."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_state(p) not in ("T", "t", "Z", "X", None) and is_rank(p)
+                                              for p in descendants(pid)):
+        time.sleep(0.2)
 
 
 def notice_ranks(pid: int) -> bool:

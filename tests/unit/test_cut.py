@@ -77,3 +77,34 @@ def test_the_last_gasp_line_after_a_cut_names_the_ranks_unreachable_and_says_a_n
     assert healed.startswith("a network cut was found, and every rank answers again; last-gasp checkpoint")
     assert CUT_MARK.decode() in out.message() and CUT_MARK.decode() in healed
     assert Outcome([4], step=8, directory=Path("ckpt"), name="x").message().startswith("rank(s) 4 failed; last-gasp")
+
+
+def test_after_a_cut_the_launcher_waits_for_the_ranks_below_mpirun_to_end_but_not_for_a_stopped_one():
+    """launcher.across_cut, on a tree like a test cluster's after a cut: a shell standing for mpirun and its agent,
+    below it a rank (PMIX_RANK in its environment) that ends 1 s later and a rank stopped (SIGSTOP: a host gone
+    silent), which is not waited for; the wait ends once the first has ended, well before its bound."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dsim.ft.launcher import across_cut, descendants, kill_tree
+    env = {**os.environ, "PMIX_RANK": "3"}
+    ends = f"{sys.executable} -c 'import time; time.sleep(1)'"
+    stops = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGSTOP)'"
+    tree = subprocess.Popen(["sh", "-c", f"{ends} & {stops} & wait"], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(tree.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        start = time.monotonic()
+        across_cut(tree.pid, seconds=20)
+        waited = time.monotonic() - start
+        assert 0.3 < waited < 10, waited
+        (stopped,) = descendants(tree.pid)   # the stopped rank is left for the launcher's stop
+        assert open(f"/proc/{stopped}/stat").read().rsplit(")", 1)[1].split()[0] == "T"
+    finally:
+        kill_tree(tree.pid)
+        tree.wait()
+        assert tree.returncode == -signal.SIGKILL
