@@ -258,7 +258,8 @@ def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_second
 
     Returns "ended"; or, with proc and every process below it (every rank) SIGKILLed, and its process group
     with group=True (proc started with start_new_session=True), "stalled" when every rank had ended and
-    mpirun stayed (stalls=True), "timeout" past `timeout` seconds (the ranks asked for their stacks first:
+    mpirun stayed (stalls=True; after a network cut, this host's ranks, and the ranks still below mpirun are given
+    CUT_WAIT seconds first: across_cut), "timeout" past `timeout` seconds (the ranks asked for their stacks first:
     ask_for_stacks). wait() waits a second at most and raises
     subprocess.TimeoutExpired when proc has not ended (by default proc.wait; proc.communicate to collect
     pipes); the caller reaps proc after a kill. A watch given (stalls=True) is the one used: after a stall
