@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .log import leave
 from .parallel.layout import LayoutError, ParallelLayout
 
 
@@ -152,5 +153,4 @@ def _one_line_per_rank(kind, exc, tb):
         traceback.print_exception(kind, exc, tb)
     name = "" if kind in (Exception, RuntimeError) else f"{kind.__name__}: "
     print(f"dsim: error: rank {rank}: {name}{guard.one_line(exc)} (traceback in {path})", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(1)  # not MPI_Finalize: a rank that failed alone must look dead to the others
+    leave(1)  # not MPI_Finalize: a rank that failed alone must look dead to the others

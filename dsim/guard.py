@@ -15,6 +15,7 @@ import traceback
 import warnings
 from pathlib import Path
 
+from .log import ended, leave
 from .runtime import PROCESS  # (its run_dir and launcher: read by the last-resort handler and the launcher's watch)
 
 
@@ -166,7 +167,7 @@ def start_mpi() -> None:
             sys.stderr.write(f"dsim: error: MPI did not start within {timeout:g} s (MPI_Init): a process of this job "
                              "failed to start or cannot be reached (see the lines above); DSIM_START_TIMEOUT sets "
                              "the wait\n")
-        _leave(1)
+        leave(1)
     threading.Thread(target=deadline, name="dsim-mpi-start", daemon=True).start()
     try:
         code = init(None, None, 3, ctypes.byref(provided))  # MPI_THREAD_MULTIPLE (3 in both ABIs), mpi4py's default
@@ -193,11 +194,12 @@ def run(main, argv=None, run_dir=None) -> None:
     stacks_on_signal()
     try:
         code = main(argv)
-    except SystemExit:
+    except SystemExit as e:  # (argparse's usage error: 2)
+        ended(e.code if isinstance(e.code, int) else 0 if e.code is None else 1)
         raise
     except KeyboardInterrupt:
         print("dsim: error: interrupted", file=sys.stderr, flush=True)
-        _leave(130)
+        leave(130)
     except BaseException as e:  # a bug (or a failure nobody foresaw): one line, the traceback in the log
         launcher_gone()  # unless it came of the launcher's end (its output's pipe gone): then that is said
         try:
@@ -205,14 +207,8 @@ def run(main, argv=None, run_dir=None) -> None:
         except BaseException as again:  # the guard must not fail into a traceback either
             line = f"dsim: error: internal error on rank {rank()}: {type(e).__name__}: {one_line(e)} ({again})"
         print(line, file=sys.stderr, flush=True)
-        _leave(1)
+        leave(1)
+    ended(code)  # (for the launcher: dsim.log.ended)
     sys.exit(code)
 
 
-def _leave(code: int) -> None:
-    """End now, without MPI_Finalize: the other ranks must see this one die, not wait for it."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import NoReturn
 
 EVENTS = logging.getLogger("dsim.events")
 EVENTS.propagate = False  # events are records for metrics.jsonl, not lines for the terminal
@@ -17,6 +18,7 @@ EVENTS.setLevel(logging.INFO)
 # Set by dsim/ft/launcher.py for the job it runs: a file where the lines that tell how the job ended are kept too
 # (the launcher names the same variable itself: run as a script, it imports the standard library only)
 TOLD = "DSIM_TOLD"
+ENDED = ".ended"  # added to TOLD's file name: the file of the ranks' exit statuses (ended)
 
 
 def say(message: str) -> None:
@@ -46,6 +48,34 @@ def tell(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except BrokenPipeError:  # as Python's documentation of SIGPIPE advises
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+
+
+def ended(code: int) -> None:
+    """Keep this process's exit status in the launcher's file of statuses (TOLD's file with ENDED added to its name:
+    a line "pid status"): when mpirun has reaped its ranks and then stays, the launcher still ends with their status
+    (dsim/ft/launcher.py). Without the launcher, or on a host whose disk does not have its file, nothing."""
+    path = os.environ.get(TOLD)
+    if path:
+        try:
+            fd = os.open(path + ENDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, f"{os.getpid()} {code}\n".encode())  # one write, appended: never torn by another's
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+def leave(code: int) -> NoReturn:
+    """End this process now with `code`, without MPI_Finalize: a rank that fails alone must look dead to the others,
+    which would otherwise wait for it in their next collective while it waits for them in MPI_Finalize. Its status is
+    kept for the launcher first (ended), its output flushed."""
+    ended(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def event(name: str, any_rank: bool = False, **fields) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import os
 import secrets
 import selectors
 import socket
@@ -351,13 +350,10 @@ def side(links: Links, grace: float = GRACE_SECONDS, limit: float = AGREE_SECOND
 
 def _stop(line) -> None:
     """End this process at once, without MPI_Finalize and without writing (its rescue files deleted), after `line`."""
-    import sys
-    from ..log import tell
+    from ..log import leave, tell
     from ..runtime import PROCESS
     if PROCESS.rescue is not None:
         PROCESS.rescue.discard()
     if line:
         tell(line)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    leave(1)

@@ -48,14 +48,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 from ..engine.callbacks import Callback
-from ..log import event, say
+from ..log import event, leave as exit_now, say
 from ..faults import same_process, started
 from ..parallel.layout import ParallelLayout
 from ..runtime import PROCESS
@@ -285,9 +284,7 @@ class HangWatch(Callback):
         # gasp as the others die
         for r in others:
             _kill(self.dir, r)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        exit_now(1)
 
     def _can_break(self) -> bool:
         """Whether a deadlock would be broken (under ULFM, training) rather than end the job: not when this job

@@ -5,7 +5,8 @@ On every survivor, after an MPI call failed (see ulfm):
 2. shrink the world to the living ranks; there is no fixed controller: the lowest living rank commits;
 3. agree on a step: each survivor offers the steps whose owned state it holds consistently (OptTFTWrapper:
    the last finished step and the one before it), and the newest step that every replica set still holds
-   is chosen (plan);
+   is chosen (plan); when that is older than the newest a survivor holds (the only surviving replica of a dead
+   rank was still in that step's sum when the rank died), its line and event say which survivors held it back;
 4. for every rank of the full layout, dead ones included, one surviving holder of its slices (from the group
    info) writes that rank's file, in the normal format, under
    `ttp_checkpoints/tft_saved_checkpoints-step_{n}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.h5`;
@@ -85,6 +86,14 @@ def plan(offers: dict, sets) -> Plan:
     return Plan(None, lost=[g for g in sets if not any(newest in offers.get(r, ()) for r in g)])
 
 
+def held_back(offers: dict, sets) -> tuple[Optional[int], list]:
+    """(the newest step a survivor holds, the survivors that had not finished it and are the only living holders of
+    some replica set's slices: why an older step is saved). offers: surviving rank -> the steps it holds."""
+    newest = max((max(s) for s in offers.values() if s), default=None)
+    return newest, sorted(r for g in sets if not any(newest in offers.get(x, ()) for x in g)
+                          for r in g if offers.get(r))
+
+
 def checkpoint_dir(ttp_dir, step: int) -> Path:
     """The seed's directory of the last-gasp checkpoint of a step: tft_saved_checkpoints-step_{n}."""
     return Path(ttp_dir) / f"tft_saved_checkpoints-step_{step}"
@@ -134,7 +143,9 @@ class Outcome:
     ms: float = 0.0        # from the first survivor noticing the failure to the commit
     existing: bool = False  # the step's last gasp was committed before (by the job that failed before this one)
     copied: dict = field(default_factory=dict)  # with peer copies: rank saved from a copy -> the survivor keeping it
-    newest: Optional[int] = None  # with peer copies used: the newest step a survivor had, `step` being older
+    newest: Optional[int] = None  # the newest step a survivor had, when `step` is older (peer copies, unfinished)
+    unfinished: list = field(default_factory=list)  # survivors that had not finished `newest`, the only ones
+    # holding some replica set's slices: why `step` is older (a replica still in its sum when its peer died)
     other_error: bool = False  # every rank alive and whole, no deadlock broken: an MPI error of another kind
     lead: bool = False     # this rank reports it (the lowest living rank)
     cut: bool = False      # the ranks left out were cut off by a network cut (dsim.ft.cut), not found dead
@@ -168,6 +179,8 @@ class Outcome:
         return (f"{who}; last-gasp checkpoint {self.name} (global step {self.step}) committed in "
                 f"{self.directory} by {self.survivors} survivors, {self.ms:.0f} ms after the failure was noticed; "
                 + (f"{alone}; " if alone else "") + (f"{self.from_copies()}; " if self.copied else "")
+                + (f"step {self.newest} not saved: rank(s) {', '.join(map(str, self.unfinished))} had not finished "
+                   "it, the only survivors holding their slices; " if self.unfinished else "")
                 + f"resume (--resume auto) continues at step {self.step + 1}")
 
     def from_copies(self) -> str:
@@ -268,7 +281,11 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
                        existing=True)
     writes = [r for r, writer in sorted(p.writers.items()) if writer == me]
     layout = run.groups.layout
-    newest = max(max(s) for s in seen.offers.values() if s) if p.copied else None
+    newest, unfinished = held_back(seen.offers, sets)
+    if p.copied:
+        unfinished = []  # (the copies' own line says it)
+    elif not unfinished:
+        newest = None
     from_copies = {"peer_copies": {"ranks": {str(r): k for r, k in sorted(p.copied.items())}, "newest_step": newest,
                                    "steps_lost": newest - p.step}} if p.copied else {}
     commit = sv.Commit(directory, name, PREFIX, epoch, in_epoch, p.step,
@@ -284,11 +301,12 @@ def _attempt(run, comm, failed, states, sets, noticed_at) -> Outcome:
         raise RuntimeError(f"last-gasp checkpoint of step {p.step} not saved: {outcome.failed[min(outcome.failed)]}")
     out = Outcome(failed, damaged, p.step, directory, name, survivors=comm.size,
                   ms=1000 * (time.time() - seen.first_noticed),
-                  lead=comm.rank == 0, unverified=unverified, copied=p.copied, newest=newest)
+                  lead=comm.rank == 0, unverified=unverified, copied=p.copied, newest=newest, unfinished=unfinished)
     if comm.rank == 0:
         event("last_gasp_saved", any_rank=True, failed=failed, global_step=p.step, checkpoint=name,
               directory=str(directory), ms=round(out.ms, 1), noticed_at=seen.first_noticed,
-              **({"unverified": unverified} if unverified else {}), **from_copies)
+              **({"unverified": unverified} if unverified else {}), **from_copies,
+              **({"unfinished": {"ranks": unfinished, "newest_step": newest}} if unfinished else {}))
     return out
 
 

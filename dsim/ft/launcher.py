@@ -4,8 +4,9 @@
   (about once in ten to twenty such jobs on a loaded 2-core machine; all its ranks gone, prterun blocked on
   a lock). It is stopped then, instead of waited for forever: ENDED_SECONDS after the last rank seen running
   has ended (a healthy prterun ends within 0.05 s of it), STALL_SECONDS when no rank was seen running. The
-  launcher then exits with the status mpirun would have given, told from the ranks it left unreaped
-  (ranks_status), or 1 when that cannot be told.
+  launcher then exits with the status mpirun would have given, told from the ranks (ranks_status): those it
+  left unreaped, and those it reaped from the statuses they kept as they ended (ENDED: dsim.log.ended); 1 when
+  that cannot be told (a rank killed, with no status of its own to read).
 - a **failed start**: now and then it exits before starting any rank, with "The PMIx server's listener
   thread failed to start" (rare: about once in some hundreds of launches), or, over several hosts, with a
   daemon that "failed to report back" before any rank ran (prted's exit status 213, seen in CI on the test
@@ -14,8 +15,7 @@
 - an **abort at its end**: the stall's other face. Instead of blocking on the lock, prterun trips glibc's
   check of it and aborts ("prterun: tpp.c:83: __pthread_tpp_change_priority: Assertion `...' failed.", exit
   250), its ranks already ended and reaped (rarer than the stall, in jobs with a dead rank on a loaded
-  machine). The ranks' statuses went with prterun: the launcher exits 1, as after a stall whose
-  ranks cannot be read, with a note.
+  machine). The launcher exits with the status told from those the ranks kept (as after a stall), with a note.
 
 And a **lost host**: when a whole host dies (its daemon, prted, with its ranks), Open MPI 5.0's runtime (PRRTE 3)
 ends the job at once whatever `--with-ft ulfm` says: it prints that it lost a daemon, naming the host, exits 0,
@@ -68,6 +68,7 @@ CUT_WAIT = 35.0   # after a network cut: seconds the ranks still below mpirun (t
                   # take to stop on their own (dsim.ft.cut: an agreement takes 30 s at most) before the job is stopped
 LOST_WAIT = 10.0  # seconds the ranks left on this host after a lost host may take to end before they are killed
 TOLD = "DSIM_TOLD"  # the variable naming the file where ranks keep the lines that tell how the job ended (dsim.log)
+ENDED = ".ended"    # added to its name: the file where each rank keeps its exit status as it ends (dsim.log.ended)
 
 
 def failed_to_start(returncode: int, output: str, ranks_ran: bool = False) -> bool:
@@ -248,8 +249,27 @@ class StallWatch:
         return self.idle_since is not None and now - self.idle_since > limit
 
     def status(self) -> int | None:
-        """ranks_status of every rank seen running and of every zombie left (a rank may end unseen)."""
-        return ranks_status([wait_status(pid) for pid in self.ranks | set(children(self.pid, zombies=True))])
+        """ranks_status of every rank seen running and of every zombie left (a rank may end unseen). A rank mpirun has
+        reaped (a stall after its ranks ended, an abort at its end) has its status from the file where it kept it
+        as it ended (ENDED: dsim.log.ended), a process that did not keep one (killed) none."""
+        kept = ended_statuses(self.told)
+        return ranks_status([kept.get(pid) if (status := wait_status(pid)) is None else status
+                             for pid in self.ranks | set(children(self.pid, zombies=True))])
+
+
+def ended_statuses(told: str | None) -> dict[int, int]:
+    """pid -> wait status (the exit status times 256) of each process that kept its status as it ended, in the file
+    beside `told` (ENDED); a torn or foreign line is skipped."""
+    out = {}
+    try:
+        lines = Path(str(told) + ENDED).read_text().splitlines() if told is not None else []
+    except OSError:
+        return out
+    for line in lines:
+        pid, _, code = line.partition(" ")
+        if pid.isdigit() and code.isdigit():
+            out[int(pid)] = int(code) << 8
+    return out
 
 
 def supervise(proc, timeout: float, wait=None, stalls: bool = True, stall_seconds: float = STALL_SECONDS,
@@ -380,11 +400,13 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
         return _run(cmd, timeout, tries, caller, told.name)
     finally:
         os.unlink(told.name)
+        Path(told.name + ENDED).unlink(missing_ok=True)
 
 
 def _run(cmd: list[str], timeout: float | None, tries: int, caller: int, told: str) -> int:
     for attempt in range(1, tries + 1):
         Path(told).write_bytes(b"")
+        Path(told + ENDED).unlink(missing_ok=True)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()),
                                 env={**os.environ, TOLD: told})
         head = bytearray()  # the first of what it printed on stderr: a failed start says so at once
@@ -439,7 +461,8 @@ def _run(cmd: list[str], timeout: float | None, tries: int, caller: int, told: s
         if how == "ended" and lost is not None:
             return host_lost(lost, left, proc.returncode, after_line=tail.endswith(b"\n") or not tail)
         if how == "ended" and aborted_at_end(proc.returncode, tail.decode(errors="replace"), bool(watch.ranks)):
-            how = "aborted"  # prterun had reaped its ranks: their statuses went with it (ranks_status None)
+            how = "aborted"  # prterun had reaped its ranks: their statuses are those they kept (ENDED)
+            watch.ranks_status = watch.status()
         if how in ("stalled", "aborted"):
             status = 1 if watch.ranks_status is None else watch.ranks_status
             told = "the ranks' own" if watch.ranks_status is not None else "the ranks' status unknown, so 1"

@@ -24,8 +24,6 @@ hosts, rank 0's among them, also stops the rest: no last gasp then, a restart fr
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
 
@@ -84,7 +82,7 @@ def check(groups, comm, world=None) -> Verdict | None:
 def stop(verdict: Verdict, lead: bool) -> None:
     """End this process of a side without the quorum: its lowest rank says why (a line and a `cut_off` event), every
     one exits 1 at once, without MPI_Finalize (its peers on the other side are unreachable) and without writing."""
-    from ..log import event, tell
+    from ..log import event, leave, tell
     from ..runtime import PROCESS
     if PROCESS.rescue is not None:  # its rescue files (dsim.ft.rescue): nothing of this side is ever resumed from
         PROCESS.rescue.discard()
@@ -92,6 +90,4 @@ def stop(verdict: Verdict, lead: bool) -> None:
         tell(verdict.line())
         event("cut_off", any_rank=True, hosts=list(verdict.hosts), reachable=list(verdict.reachable),
               even=verdict.even)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)  # (as dsim.ft.tft.leave, not imported: tft imports what imports this)
+    leave(1)

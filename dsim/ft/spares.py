@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from mpi4py import MPI
 
 from ..config import ConfigError
+from ..log import leave
 from ..parallel.layout import LayoutError
 from ..runtime import PROCESS
 from .launcher import alive
@@ -62,9 +63,7 @@ def finish(code: int, world=None, runtime=PROCESS) -> int:
             world.Barrier()
         except MPI.Exception:
             pass  # a process died at the very end: the others end all the same
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(code)
 
 
 @dataclass
@@ -294,7 +293,7 @@ class Watch(threading.Thread):
             if gone_since is not None and time.time() - gone_since > self.seconds:
                 print("dsim: warning: spare: every training process of this job has ended without releasing "
                       "this spare; leaving", file=sys.stderr, flush=True)
-                os._exit(1)
+                leave(1)
 
 
 def orphaned(watched, host, is_alive, gone_since, now):

@@ -16,12 +16,11 @@ spares) and going on with fewer ranks (elastic) rebuild the run from a config, s
 from __future__ import annotations
 
 import os
-import sys
 import time
 import traceback
 
 from ..engine.callbacks import Callback
-from ..log import event, tell
+from ..log import event, leave, tell
 
 
 def handle_process_failure(run, error) -> int:
@@ -88,14 +87,6 @@ def on_process_failure(run, noticed_at: float, error) -> int:
     if run.runtime.cut_at is not None:  # the other side of a network cut lives on, unreachable: MPI_Finalize would
         leave(1)                          # wait for it
     return 1  # MPI_Finalize does not wait for the dead: launch/ft.sh sets OMPI_MCA_async_mpi_finalize
-
-
-def leave(code: int):
-    """End this process now, without MPI_Finalize: a rank that fails alone must look dead to the others,
-    which would otherwise wait for it in their next collective while it waits for them in MPI_Finalize."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 class TFTRegister(Callback):

@@ -14,7 +14,7 @@ from dsim.config import ConfigError, TFTConfig, apply_tft_env
 from dsim.build import build_run
 from dsim.faults import corrupt
 from dsim.runtime import Runtime
-from dsim.ft.last_gasp import plan
+from dsim.ft.last_gasp import Outcome, held_back, plan
 from dsim.ft.wrapper import DONE, IN_PROGRESS, NOT_STARTED, OptTFTWrapper
 from dsim.parallel.layout import ParallelLayout
 
@@ -36,6 +36,12 @@ def test_plan_chooses_the_newest_step_every_replica_set_holds():
     offers[7] = {11, 12}
     p = plan(offers, DP2MP4)
     assert p.step == 12 and p.writers[3] == 7 and p.writers[0] == 0
+    assert held_back(offers, DP2MP4) == (13, [7])  # the only survivor of [3, 7] had not finished 13: it said so
+    assert held_back({r: {12, 13} for r in range(7)}, DP2MP4) == (13, [])
+    line = Outcome([3], step=12, directory=Path("ckpt"), name="ttp-3_2", survivors=7, newest=13,
+                   unfinished=[7]).message()
+    assert line.endswith("step 13 not saved: rank(s) 7 had not finished it, the only survivors holding their slices; "
+                         "resume (--resume auto) continues at step 13"), line
 
 
 def test_plan_loses_a_slice_whose_replicas_are_all_dead():
@@ -487,22 +493,29 @@ def test_the_status_after_a_stall_is_told_from_the_ranks():
 def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
     """A "launcher" that leaves its "ranks" unreaped (zombies) and stays: dsim/ft/launcher.py stops it
     ENDED_SECONDS after the ranks seen running have ended (not STALL_SECONDS), reads their statuses before
-    killing it and exits as mpirun would have; with a rank reaped unread, 1 as before."""
+    killing it and exits as mpirun would have; with a rank reaped unread, 1 as before. Ranks that kept their
+    statuses as they ended (dsim.log.leave) and were all reaped: their status, unless one was killed unread."""
     import subprocess
     import sys
     fake = ("import os, sys, time\n"
             "for code in map(int, sys.argv[1].split(',')):\n"
             "    if os.fork() == 0:\n"
             "        time.sleep(0.5)\n"          # seen running by the watch, which looks 4 times a second
+            "        if sys.argv[2] == 'kept' and code >= 0:\n"
+            "            from dsim.log import leave; leave(code)\n"
             "        os.kill(os.getpid(), 9) if code < 0 else os._exit(code)\n"
             "time.sleep(1)\n"
             "if sys.argv[2] == 'reap':\n"
             "    os.waitpid(-1, 0)\n"             # one of them reaped, its status lost
+            "while sys.argv[2] == 'kept':\n"
+            "    try: os.waitpid(-1, 0)\n"        # every one reaped, as prterun does before a stall
+            "    except ChildProcessError: break\n"
             "time.sleep(60)\n")
 
     run = "import sys; from dsim.ft import launcher; launcher.STALL_SECONDS = 60; launcher.ENDED_SECONDS = 1.5; " \
           "sys.exit(launcher.run(sys.argv[1:], timeout=50))"
-    cases = [("2,2,2,2", ""), ("0,0,-9", ""), ("1,1,-9", ""), ("0,0", "reap")]  # at once: each waits seconds
+    cases = [("2,2,2,2", ""), ("0,0,-9", ""), ("1,1,-9", ""), ("0,0", "reap"),  # at once: each waits seconds
+             ("143,143,-9", "kept"), ("0,0,-9", "kept")]
     procs = [subprocess.Popen([sys.executable, "-c", run, sys.executable, "-c", fake, codes, reap or "-"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for codes, reap in cases]
     try:
@@ -512,10 +525,12 @@ def test_a_stalled_launcher_ends_with_its_ranks_status(tmp_path):
             p.kill()
     for err, _ in got:
         assert "launcher stall" in err, err
-    (err, code), (_, ok), (_, failed), (unread_err, unread) = got
+    (err, code), (_, ok), (_, failed), (unread_err, unread), (kept_err, kept), (_, killed) = got
     assert code == 2 and "exit status 2 (the ranks' own)" in err, err
     assert ok == 0 and failed == 1
     assert unread == 1 and "exit status 1 (the ranks' status unknown, so 1)" in unread_err, unread_err
+    assert kept == 143 and "exit status 143 (the ranks' own)" in kept_err, kept_err
+    assert killed == 1  # 0 kept, and a rank killed: it may have failed
 
 
 def test_a_fault_strikes_only_its_rank_at_its_point_and_step_and_once():
