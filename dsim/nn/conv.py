@@ -91,7 +91,8 @@ class MaxPool2d:
         out = views[0].copy()
         for view in views[1:]:
             np.maximum(out, view, out=out)
-        if np.logical_and(x == 0, np.signbit(x)).any():
+        negative = np.signbit(x)  # behind a ReLU, set only on a -0.0: the zeros are compared only then
+        if negative.any() and np.logical_and(negative, x == 0, out=negative).any():
             zero = out == 0
             for view in reversed(views):
                 np.copyto(out, view, where=zero & (view == 0))
