@@ -53,11 +53,12 @@ def tell(line: str) -> None:
 def ended(code: int) -> None:
     """Keep this process's exit status in the launcher's file of statuses (TOLD's file with ENDED added to its name:
     a line "pid status"): when mpirun has reaped its ranks and then stays, the launcher still ends with their status
-    (dsim/ft/launcher.py). Without the launcher, or on a host whose disk does not have its file, nothing."""
+    (dsim/ft/launcher.py). Without the launcher, or on a host whose disk does not have its file (the launcher makes
+    it; never made here), nothing."""
     path = os.environ.get(TOLD)
     if path:
         try:
-            fd = os.open(path + ENDED, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(path + ENDED, os.O_WRONLY | os.O_APPEND)
             try:
                 os.write(fd, f"{os.getpid()} {code}\n".encode())  # one write, appended: never torn by another's
             finally:

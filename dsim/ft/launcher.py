@@ -406,7 +406,7 @@ def run(cmd: list[str], timeout: float | None = None, tries: int = START_TRIES) 
 def _run(cmd: list[str], timeout: float | None, tries: int, caller: int, told: str) -> int:
     for attempt in range(1, tries + 1):
         Path(told).write_bytes(b"")
-        Path(told + ENDED).unlink(missing_ok=True)
+        Path(told + ENDED).write_bytes(b"")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ends_with(os.getpid()),
                                 env={**os.environ, TOLD: told})
         head = bytearray()  # the first of what it printed on stderr: a failed start says so at once
