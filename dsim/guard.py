@@ -126,7 +126,7 @@ def launcher_gone() -> None:
         sys.stderr.flush()
     except Exception:
         pass
-    os._exit(1)
+    leave(1)
 
 
 def start_mpi() -> None:
